@@ -1,0 +1,34 @@
+# Two commands do all set-up on a fresh machine:
+#   make train   -> creates .venv, installs lkat-lens, trains lkat_micro on digits (CPU, minutes)
+#   make test    -> creates .venv, installs lkat-lens, runs the CPU test suite
+PYTHON ?= python3
+VENV   ?= .venv
+BIN    := $(VENV)/bin
+STAMP  := $(VENV)/.lkat-lens-installed
+# torch is pinned to the build this workplace ships on disk; override on other machines.
+TORCH_SPEC ?= torch==2.14.1 torchvision==0.29.1
+
+.PHONY: setup train test test-gpu lint clean
+
+$(STAMP): pyproject.toml Makefile
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install -q $(TORCH_SPEC)
+	$(BIN)/python -m pip install -q -e '.[dev]'
+	touch $@
+
+setup: $(STAMP)
+
+train: setup
+	$(BIN)/python -m lkat_lens.train $(ARGS)
+
+test: setup
+	$(BIN)/python -m pytest -q $(ARGS)
+
+test-gpu: setup
+	$(BIN)/python -m pytest -q -m gpu tests/gpu $(ARGS)
+
+lint: setup
+	$(BIN)/ruff check .
+
+clean:
+	rm -rf $(VENV) build *.egg-info .pytest_cache
