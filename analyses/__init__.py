@@ -1,0 +1,1 @@
+"""Pure computations on a model and inputs; each returns typed results, never figures."""

@@ -1,0 +1,1 @@
+"""The Dash explorer of lkat-lens: layout and callbacks only."""

@@ -1,0 +1,236 @@
+"""Checkpoint files: atomic writes of plain containers, safe loading, reference-code state_dicts."""
+
+from __future__ import annotations
+
+import math
+import os
+import pickle
+import tempfile
+import zipfile
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+FORMAT = "lkat-lens/1"
+_REQUIRED = ("format", "model", "state_dict")
+_WRAPPER_KEYS = ("state_dict", "model", "model_state_dict", "module")
+_NAME_PREFIXES = ("module.", "_orig_mod.")
+
+
+class CheckpointError(ValueError):
+    """A checkpoint that cannot be read or does not fit the model; the message says why."""
+
+
+@dataclass
+class CheckpointInfo:
+    """What a checkpoint says about itself besides the weights."""
+
+    path: str
+    model_name: str
+    model_kwargs: dict[str, Any]
+    data: dict[str, Any] = field(default_factory=dict)
+    train: dict[str, Any] = field(default_factory=dict)
+    metrics: list[dict[str, Any]] = field(default_factory=list)
+    format: str = FORMAT
+
+
+def atomic_save(obj: Any, path: str | os.PathLike) -> None:
+    """torch.save to a temp file in the same folder, fsync, then rename over `path`."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            torch.save(obj, f)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    dir_fd = os.open(path.parent, os.O_RDONLY)
+    try:
+        os.fsync(dir_fd)
+    finally:
+        os.close(dir_fd)
+
+
+def save_checkpoint(
+    path: str | os.PathLike,
+    *,
+    model_name: str,
+    model_kwargs: dict[str, Any],
+    state_dict: dict[str, torch.Tensor],
+    data: dict[str, Any] | None = None,
+    train: dict[str, Any] | None = None,
+    metrics: list[dict[str, Any]] | None = None,
+    **resume_state: Any,
+) -> None:
+    """Write a DESIGN.md checkpoint atomically; `resume_state` holds optimizer/scheduler/scaler/rng/ema."""
+    payload = {
+        "format": FORMAT,
+        "model": {"name": model_name, "kwargs": dict(model_kwargs)},
+        "state_dict": {k: v.detach().cpu() for k, v in state_dict.items()},
+        "data": dict(data or {}),
+        "train": dict(train or {}),
+        "metrics": list(metrics or []),
+        **{k: v for k, v in resume_state.items() if v is not None},
+    }
+    atomic_save(payload, path)
+
+
+def read_checkpoint(path: str | os.PathLike) -> dict[str, Any]:
+    """Load a checkpoint file without ever unpickling arbitrary objects."""
+    path = Path(path)
+    if not path.is_file():
+        raise CheckpointError(f"no checkpoint file at {path}")
+    try:
+        obj = torch.load(path, map_location="cpu", weights_only=True)
+    except pickle.UnpicklingError as err:
+        raise CheckpointError(
+            f"refusing to load {path}: it holds Python objects other than tensors and plain containers "
+            f"(only weights-only checkpoints are loaded; the file may run code when unpickled). Detail: "
+            f"{str(err).splitlines()[0]}"
+        ) from None
+    except (RuntimeError, EOFError, zipfile.BadZipFile, OSError, ValueError, KeyError) as err:
+        raise CheckpointError(f"{path} is not a readable torch checkpoint (truncated or corrupt?): {err}") from None
+    if not isinstance(obj, dict):
+        raise CheckpointError(f"{path} holds a {type(obj).__name__}, not a checkpoint dict")
+    return obj
+
+
+def is_lkat_checkpoint(obj: dict[str, Any]) -> bool:
+    """Whether a loaded dict is in the lkat-lens format (any version)."""
+    return isinstance(obj.get("format"), str) and obj["format"].startswith("lkat-lens/")
+
+
+def extract_state_dict(obj: dict[str, Any]) -> dict[str, torch.Tensor]:
+    """The tensors of a bare or wrapped state_dict (DDP 'module.' and compile '_orig_mod.' prefixes removed)."""
+    for key in _WRAPPER_KEYS:
+        if isinstance(obj.get(key), dict):
+            obj = obj[key]
+            break
+    tensors = {k: v for k, v in obj.items() if isinstance(v, torch.Tensor)}
+    if not tensors:
+        raise CheckpointError("the file holds no tensors that could be model weights")
+    cleaned = {}
+    for name, value in tensors.items():
+        for prefix in _NAME_PREFIXES:
+            name = name.removeprefix(prefix)
+        cleaned[name] = value
+    return cleaned
+
+
+def infer_model_kwargs(state_dict: dict[str, torch.Tensor], num_registers: int = 4) -> dict[str, Any]:
+    """Read img_size, patch_size, in_chans, num_classes, grid size and KAN options off an LKAT state_dict."""
+    try:
+        proj = state_dict["patch_embed.proj.weight"]
+        tokens = state_dict["pos_embed"].shape[1]
+        grid = state_dict["blocks.0.mlp.fc1.rbf.grid"]
+    except KeyError as err:
+        raise CheckpointError(f"not an LKAT/rbfKAT state_dict: it has no {err.args[0]!r}") from None
+    side = math.isqrt(tokens - num_registers - 1)
+    kwargs: dict[str, Any] = {
+        "img_size": side * proj.shape[-1],
+        "patch_size": proj.shape[-1],
+        "in_chans": proj.shape[1],
+        "kan_num_grids": grid.numel(),
+        "kan_grid_min": float(grid[0]),
+        "kan_grid_max": float(grid[-1]),
+        "kan_layernorm": "blocks.0.mlp.fc1.layernorm.weight" in state_dict,
+        "kan_base_update": "blocks.0.mlp.fc1.base_linear.weight" in state_dict,
+        "kan_gated": "blocks.0.mlp.fc1.gat_resid.weight" in state_dict,
+        "num_classes": state_dict["head.weight"].shape[0] if "head.weight" in state_dict else 0,
+    }
+    if "blocks.0.mlp.fc1.grid_weight" in state_dict:
+        kwargs["kan_basis"] = "channel"
+    elif "blocks.0.mlp.fc1.spline_linear.weight" in state_dict:
+        kwargs["kan_basis"] = "edge"
+    return kwargs
+
+
+def build_and_load(
+    model_name: str, model_kwargs: dict[str, Any], state_dict: dict[str, torch.Tensor], *, strict: bool = True
+) -> nn.Module:
+    """Build `model_name(**model_kwargs)` and load `state_dict`; any mismatch raises one CheckpointError."""
+    from lkat_lens.models import create_model
+
+    kwargs = dict(model_kwargs)
+    try:
+        model = create_model(model_name, num_classes=kwargs.pop("num_classes", 1000), **kwargs)
+    except (ValueError, TypeError, RuntimeError) as err:
+        raise CheckpointError(f"cannot build model {model_name!r} with {model_kwargs}: {err}") from None
+    problems = _state_dict_problems(model, state_dict, strict)
+    if problems:
+        raise CheckpointError(f"weights do not fit {model_name}: " + "; ".join(problems))
+    model.load_state_dict(state_dict, strict=strict)
+    return model.eval()
+
+
+def _state_dict_problems(model: nn.Module, state_dict: dict[str, torch.Tensor], strict: bool) -> list[str]:
+    expected = model.state_dict()
+    problems = []
+    missing = [k for k in expected if k not in state_dict]
+    unexpected = [k for k in state_dict if k not in expected]
+    if strict and missing:
+        problems.append(f"{len(missing)} missing keys (e.g. {', '.join(missing[:3])})")
+    if strict and unexpected:
+        problems.append(f"{len(unexpected)} unexpected keys (e.g. {', '.join(unexpected[:3])})")
+    wrong = [
+        f"{k}: file {tuple(v.shape)} vs model {tuple(expected[k].shape)}"
+        for k, v in state_dict.items()
+        if k in expected and v.shape != expected[k].shape
+    ]
+    if wrong:
+        problems.append(f"{len(wrong)} tensors of the wrong shape ({'; '.join(wrong[:3])})")
+    return problems
+
+
+def load(
+    path: str | os.PathLike,
+    device: str | torch.device = "cpu",
+    *,
+    variant: str | None = None,
+    strict: bool = True,
+) -> tuple[nn.Module, CheckpointInfo]:
+    """Rebuild the model of a checkpoint and return (model in eval mode, its metadata).
+
+    A reference-code state_dict (bare or wrapped) loads too when `variant` names the registry
+    model it was trained as, e.g. ``load("ref.pt", variant="lkat_tiny_patch16_224")``.
+    """
+    obj = read_checkpoint(path)
+    if is_lkat_checkpoint(obj):
+        info = _lkat_info(obj, path)
+        state_dict = obj["state_dict"]
+    elif variant is not None:
+        state_dict = extract_state_dict(obj)
+        info = CheckpointInfo(str(path), variant, infer_model_kwargs(state_dict), format="reference")
+    else:
+        raise CheckpointError(
+            f"{path} is not an lkat-lens checkpoint (no 'format' key); if it is a reference-code state_dict, "
+            "pass the variant it was trained as (variant=... / --variant)"
+        )
+    model = build_and_load(info.model_name, info.model_kwargs, state_dict, strict=strict)
+    return model.to(device), info
+
+
+def _lkat_info(obj: dict[str, Any], path: str | os.PathLike) -> CheckpointInfo:
+    if obj["format"] != FORMAT:
+        raise CheckpointError(f"{path} has format {obj['format']!r}; this lkat-lens reads {FORMAT!r}")
+    missing = [k for k in _REQUIRED if k not in obj]
+    spec = obj.get("model")
+    if missing or not isinstance(spec, dict) or not isinstance(spec.get("name"), str):
+        raise CheckpointError(f"{path} is an incomplete lkat-lens checkpoint (missing {missing or ['model.name']})")
+    if not isinstance(obj["state_dict"], dict):
+        raise CheckpointError(f"{path} has no state_dict dict")
+    return CheckpointInfo(
+        path=str(path),
+        model_name=spec["name"],
+        model_kwargs=dict(spec.get("kwargs", {})),
+        data=dict(obj.get("data", {})),
+        train=dict(obj.get("train", {})),
+        metrics=list(obj.get("metrics", [])),
+    )

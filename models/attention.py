@@ -1,0 +1,121 @@
+"""Token mixers: vision Gated Linear Attention (LKAT) and multi-head self-attention (rbfKAT)."""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from timm.layers import RmsNorm
+from torch import nn
+
+from lkat_lens.kernels.gla import gated_linear_attention
+
+from .hooks import HookPoint
+from .rope import Rope2D
+
+
+class ShortConvolution(nn.Conv1d):
+    """Depthwise causal Conv1d over tokens followed by SiLU (fla's ShortConvolution parameters)."""
+
+    def __init__(self, dim: int, kernel_size: int = 4) -> None:
+        super().__init__(dim, dim, kernel_size, groups=dim, padding=kernel_size - 1, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """x: [B, T, D] -> [B, T, D]."""
+        y = super().forward(x.transpose(1, 2))[..., : x.shape[1]]
+        return F.silu(y.transpose(1, 2))
+
+
+class VisionGLA(nn.Module):
+    """Gated Linear Attention for vision tokens: short convs, QK RMSNorm, 2D RoPE on patches, output gate.
+
+    Parameter names follow fla's GatedLinearAttention (expand_k = expand_v = 1) as the reference uses it.
+    """
+
+    def __init__(
+        self,
+        dim: int,
+        num_heads: int,
+        grid: tuple[int, int],
+        *,
+        conv_size: int = 4,
+        gate_low_rank_dim: int = 16,
+        gate_logit_normalizer: float = 16.0,
+        rope_theta: float = 10000.0,
+        qk_norm_eps: float = 1e-6,
+        mode: str = "auto",
+    ) -> None:
+        super().__init__()
+        if dim % num_heads:
+            raise ValueError(f"dim {dim} is not divisible by num_heads {num_heads}")
+        self.num_heads, self.head_dim = num_heads, dim // num_heads
+        self.gate_logit_normalizer, self.mode = gate_logit_normalizer, mode
+        self.q_proj = nn.Linear(dim, dim, bias=False)
+        self.k_proj = nn.Linear(dim, dim, bias=False)
+        self.v_proj = nn.Linear(dim, dim, bias=False)
+        self.g_proj = nn.Linear(dim, dim, bias=False)
+        self.q_conv1d = ShortConvolution(dim, conv_size)
+        self.k_conv1d = ShortConvolution(dim, conv_size)
+        self.v_conv1d = ShortConvolution(dim, conv_size)
+        self.gk_proj = nn.Sequential(nn.Linear(dim, gate_low_rank_dim, bias=False), nn.Linear(gate_low_rank_dim, dim))
+        self.o_proj = nn.Linear(dim, dim, bias=False)
+        self.q_norm = RmsNorm(self.head_dim, eps=qk_norm_eps)
+        self.k_norm = RmsNorm(self.head_dim, eps=qk_norm_eps)
+        self.g_norm = nn.LayerNorm(self.head_dim)
+        self.rotary = Rope2D(grid, self.head_dim, rope_theta)
+        self.hook_q, self.hook_k, self.hook_v = HookPoint(), HookPoint(), HookPoint()
+        self.hook_gk, self.hook_out = HookPoint(), HookPoint()
+
+    @property
+    def scale(self) -> float:
+        """Query scale head_dim^-1/2."""
+        return self.head_dim**-0.5
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        heads = (self.num_heads, self.head_dim)
+        q = self.q_conv1d(self.q_proj(x)).unflatten(-1, heads)
+        k = self.k_conv1d(self.k_proj(x)).unflatten(-1, heads)
+        v = self.hook_v(self.v_conv1d(self.v_proj(x)).unflatten(-1, heads))
+        q = self.hook_q(self.rotary(self.q_norm(q)))
+        k = self.hook_k(self.rotary(self.k_norm(k)))
+        gk = self.hook_gk(F.logsigmoid(self.gk_proj(x).float()).unflatten(-1, heads) / self.gate_logit_normalizer)
+        o = gated_linear_attention(q, k, v, gk, scale=self.scale, mode=self.mode)
+        o = self.g_norm(o).flatten(-2) * F.silu(self.g_proj(x))
+        return self.hook_out(self.o_proj(o))
+
+
+class VisionMHSA(nn.Module):
+    """Bidirectional softmax attention with QK RMSNorm and 2D RoPE on patches (rbfKAT / reference KATT)."""
+
+    def __init__(
+        self, dim: int, num_heads: int, grid: tuple[int, int], *, rope_theta: float = 10000.0, attn_drop: float = 0.0
+    ) -> None:
+        super().__init__()
+        if dim % num_heads:
+            raise ValueError(f"dim {dim} is not divisible by num_heads {num_heads}")
+        self.num_heads, self.head_dim, self.attn_drop = num_heads, dim // num_heads, attn_drop
+        self.qkv = nn.Linear(dim, 3 * dim)
+        self.q_norm = RmsNorm(self.head_dim, eps=1e-6)
+        self.k_norm = RmsNorm(self.head_dim, eps=1e-6)
+        self.proj = nn.Linear(dim, dim)
+        self.rotary = Rope2D(grid, self.head_dim, rope_theta)
+        self.hook_q, self.hook_k, self.hook_v = HookPoint(), HookPoint(), HookPoint()
+        self.hook_pattern, self.hook_out = HookPoint(), HookPoint()
+
+    @property
+    def scale(self) -> float:
+        """Query scale head_dim^-1/2."""
+        return self.head_dim**-0.5
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        q, k, v = self.qkv(x).unflatten(-1, (3, self.num_heads, self.head_dim)).unbind(2)
+        q = self.hook_q(self.rotary(self.q_norm(q)))
+        k = self.hook_k(self.rotary(self.k_norm(k)))
+        v = self.hook_v(v)
+        q, k, v = (t.transpose(1, 2) for t in (q, k, v))
+        drop = self.attn_drop if self.training else 0.0
+        if self.hook_pattern.active:
+            pattern = self.hook_pattern(torch.softmax((q @ k.transpose(-1, -2)).float() * self.scale, dim=-1))
+            o = F.dropout(pattern.to(v.dtype), drop, self.training) @ v
+        else:
+            o = F.scaled_dot_product_attention(q, k, v, dropout_p=drop, scale=self.scale)
+        return self.hook_out(self.proj(o.transpose(1, 2).flatten(-2)))

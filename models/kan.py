@@ -1,0 +1,119 @@
+"""RBF-KAN layers: Gaussian radial bases on a fixed grid, in three parameterisations."""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from lkat_lens.kernels.rbf import rbf_basis, rbf_grid_linear
+
+from .hooks import HookPoint
+
+KAN_BASES = ("shared", "channel", "edge")
+
+
+class RadialBasis(nn.Module):
+    """The fixed grid: centers linspace(grid_min, grid_max, G), bandwidth h = spacing."""
+
+    def __init__(self, grid_min: float, grid_max: float, num_grids: int) -> None:
+        super().__init__()
+        if num_grids < 2 or not grid_max > grid_min:
+            raise ValueError(f"need num_grids >= 2 and grid_max > grid_min, got {num_grids}, [{grid_min}, {grid_max}]")
+        self.grid_min, self.grid_max, self.num_grids = float(grid_min), float(grid_max), int(num_grids)
+        self.register_buffer("grid", torch.linspace(grid_min, grid_max, num_grids))
+
+    @property
+    def bandwidth(self) -> float:
+        """h = (grid_max - grid_min) / (G - 1)."""
+        return (self.grid_max - self.grid_min) / (self.num_grids - 1)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """The basis vector phi(x) [..., G] (materialised; for the edge basis and analyses)."""
+        return rbf_basis(x, self.grid_min, self.grid_max, self.num_grids)
+
+    def extra_repr(self) -> str:
+        return f"grid=[{self.grid_min}, {self.grid_max}], num_grids={self.num_grids}"
+
+
+class KANLayer(nn.Module):
+    """One RBF-KAN layer: y_q = sum_p phi_{q,p}(x_p) (+ optional SiLU base branch and gated residual).
+
+    basis "shared":  phi_{q,p}(x) = W[q,p] * sum_g w_g phi_g(x)      (grid_linear [1,G], dim_linear [out,in])
+    basis "channel": phi_{q,p}(x) = W[q,p] * sum_g w_{p,g} phi_g(x)  (grid_weight [in,G], dim_linear [out,in])
+    basis "edge":    phi_{q,p}(x) = sum_g W[q,p,g] phi_g(x)         (spline_linear [out, in*G], FastKAN)
+    """
+
+    SELF_INITIALISED = ("grid_linear", "dim_linear", "spline_linear", "base_linear")
+
+    def __init__(
+        self,
+        in_features: int,
+        out_features: int,
+        *,
+        num_grids: int = 4,
+        grid_min: float = -2.0,
+        grid_max: float = 2.0,
+        basis: str = "shared",
+        use_layernorm: bool = False,
+        use_base_update: bool = False,
+        gated: bool = False,
+    ) -> None:
+        super().__init__()
+        if basis not in KAN_BASES:
+            raise ValueError(f"unknown KAN basis {basis!r}; choose from {KAN_BASES}")
+        self.in_features, self.out_features, self.basis = in_features, out_features, basis
+        self.layernorm = nn.LayerNorm(in_features) if use_layernorm else None
+        self.rbf = RadialBasis(grid_min, grid_max, num_grids)
+        scale = 1.0 / (num_grids * in_features)
+        if basis == "edge":
+            self.spline_linear = nn.Linear(in_features * num_grids, out_features, bias=False)
+            nn.init.trunc_normal_(self.spline_linear.weight, std=(in_features * num_grids) ** -0.5)
+        else:
+            if basis == "shared":
+                self.grid_linear = nn.Linear(num_grids, 1, bias=False)
+                nn.init.trunc_normal_(self.grid_linear.weight, std=scale)
+            else:
+                self.grid_weight = nn.Parameter(torch.empty(in_features, num_grids))
+                nn.init.trunc_normal_(self.grid_weight, std=scale)
+            self.dim_linear = nn.Linear(in_features, out_features, bias=False)
+            nn.init.trunc_normal_(self.dim_linear.weight, std=scale)
+        self.base_linear = nn.Linear(in_features, out_features) if use_base_update else None
+        self.gat_resid = nn.Linear(in_features, out_features) if gated else None
+        self.hook_in = HookPoint()
+        self.hook_out = HookPoint()
+
+    @property
+    def grid_weights(self) -> torch.Tensor:
+        """The per-curve grid weights: [1, G] (shared) or [in, G] (channel)."""
+        return self.grid_linear.weight if self.basis == "shared" else self.grid_weight
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x_in = self.hook_in(self.layernorm(x) if self.layernorm is not None else x)
+        if self.basis == "edge":
+            y = self.spline_linear(self.rbf(x_in).flatten(-2).to(self.spline_linear.weight.dtype))
+        else:
+            mixed = rbf_grid_linear(x_in, self.grid_weights, self.rbf.grid_min, self.rbf.grid_max)
+            y = self.dim_linear(mixed)
+        if self.base_linear is not None:
+            y = y + self.base_linear(F.silu(x))
+        if self.gat_resid is not None:
+            gamma = self.gat_resid(x)
+            y = y + gamma * torch.sigmoid(gamma)
+        return self.hook_out(y)
+
+    def extra_repr(self) -> str:
+        return f"{self.in_features} -> {self.out_features}, basis={self.basis}"
+
+
+class KAN(nn.Module):
+    """The two-layer RBF-KAN that replaces a transformer block's MLP."""
+
+    def __init__(self, dim: int, hidden_dim: int, *, drop: float = 0.0, **layer_kwargs) -> None:
+        super().__init__()
+        self.fc1 = KANLayer(dim, hidden_dim, **layer_kwargs)
+        self.fc2 = KANLayer(hidden_dim, dim, **layer_kwargs)
+        self.drop = nn.Dropout(drop)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.drop(self.fc2(self.drop(self.fc1(x))))

@@ -1,0 +1,188 @@
+"""LKAT (GLA + RBF-KAN) and rbfKAT (MHSA + RBF-KAN): flat ViTs with registers and a last class token."""
+
+from __future__ import annotations
+
+import torch
+from timm.layers import DropPath, PatchEmbed, RmsNorm, trunc_normal_
+from torch import nn
+
+from .attention import VisionGLA, VisionMHSA
+from .hooks import HookedModel, HookPoint
+from .kan import KAN, KANLayer
+
+NORMS = {"layernorm": nn.LayerNorm, "rmsnorm": lambda dim: RmsNorm(dim, eps=1e-6)}
+
+
+class KANBlock(nn.Module):
+    """Pre-norm block: x + attn(norm1(x)), then x + mlp(norm2(x)), with DropPath and hook points."""
+
+    def __init__(
+        self,
+        dim: int,
+        num_heads: int,
+        grid: tuple[int, int],
+        *,
+        mlp_hidden: int,
+        token_mixer: str,
+        norm: str,
+        kan_kwargs: dict,
+        drop: float = 0.0,
+        drop_path: float = 0.0,
+        attn_mode: str = "auto",
+    ) -> None:
+        super().__init__()
+        self.norm1 = NORMS[norm](dim)
+        if token_mixer == "gla":
+            self.attn = VisionGLA(dim, num_heads, grid, mode=attn_mode)
+        else:
+            self.attn = VisionMHSA(dim, num_heads, grid)
+        self.norm2 = NORMS[norm](dim)
+        self.mlp = KAN(dim, mlp_hidden, drop=drop, **kan_kwargs)
+        self.drop_path = DropPath(drop_path) if drop_path > 0 else nn.Identity()
+        self.hook_resid_pre, self.hook_resid_mid, self.hook_resid_post = HookPoint(), HookPoint(), HookPoint()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = self.hook_resid_pre(x)
+        x = self.hook_resid_mid(x + self.drop_path(self.attn(self.norm1(x))))
+        return self.hook_resid_post(x + self.drop_path(self.mlp(self.norm2(x))))
+
+
+class LKAT(HookedModel):
+    """Linear Kolmogorov-Arnold Transformer. Tokens: [patches (N), registers (R), class token]."""
+
+    token_mixer = "gla"
+    norm_type = "layernorm"
+
+    def __init__(
+        self,
+        img_size: int = 224,
+        patch_size: int = 16,
+        in_chans: int = 3,
+        num_classes: int = 1000,
+        embed_dim: int = 384,
+        depth: int = 12,
+        num_heads: int = 6,
+        mlp_ratio: float = 4.0,
+        num_registers: int = 4,
+        kan_num_grids: int = 4,
+        kan_grid_min: float = -2.0,
+        kan_grid_max: float = 2.0,
+        kan_basis: str = "shared",
+        kan_gated: bool = False,
+        kan_layernorm: bool = False,
+        kan_base_update: bool = False,
+        drop_rate: float = 0.0,
+        drop_path_rate: float = 0.0,
+        attn_mode: str = "auto",
+        global_pool: str = "token",
+    ) -> None:
+        super().__init__()
+        if global_pool != "token":
+            raise ValueError("LKAT classifies from its class token; global_pool must be 'token'")
+        self.num_classes, self.num_features, self.embed_dim = num_classes, embed_dim, embed_dim
+        self.num_registers = num_registers
+        self.patch_embed = PatchEmbed(img_size, patch_size, in_chans, embed_dim)
+        self.grid_size = tuple(self.patch_embed.grid_size)
+        self.num_patches = self.patch_embed.num_patches
+        self.register_tokens = nn.Parameter(torch.zeros(1, num_registers, embed_dim))
+        self.cls_token = nn.Parameter(torch.zeros(1, 1, embed_dim))
+        self.pos_embed = nn.Parameter(torch.zeros(1, self.num_patches + num_registers + 1, embed_dim))
+        self.pos_drop = nn.Dropout(drop_rate)
+        self.hook_embed = HookPoint()
+        kan_kwargs = dict(
+            num_grids=kan_num_grids,
+            grid_min=kan_grid_min,
+            grid_max=kan_grid_max,
+            basis=kan_basis,
+            use_layernorm=kan_layernorm,
+            use_base_update=kan_base_update,
+            gated=kan_gated,
+        )
+        rates = [drop_path_rate * i / max(depth - 1, 1) for i in range(depth)]
+        self.blocks = nn.ModuleList(
+            KANBlock(
+                embed_dim,
+                num_heads,
+                self.grid_size,
+                mlp_hidden=int(embed_dim * mlp_ratio),
+                token_mixer=self.token_mixer,
+                norm=self.norm_type,
+                kan_kwargs=kan_kwargs,
+                drop=drop_rate,
+                drop_path=rate,
+                attn_mode=attn_mode,
+            )
+            for rate in rates
+        )
+        self.norm = NORMS[self.norm_type](embed_dim)
+        self.hook_final = HookPoint()
+        self.head = nn.Linear(embed_dim, num_classes) if num_classes > 0 else nn.Identity()
+        self._init_weights()
+        self.setup_hooks()
+
+    def _init_weights(self) -> None:
+        """Reference initialisation: tokens and plain Linears trunc-normal(0.02); KAN and GLA keep their own."""
+        for p in (self.pos_embed, self.cls_token, self.register_tokens):
+            trunc_normal_(p, std=0.02)
+        own_init = {sub for m in self.modules() if isinstance(m, VisionGLA) for sub in m.modules()}
+        own_init |= {getattr(m, name) for m in self.modules() if isinstance(m, KANLayer)
+                     for name in KANLayer.SELF_INITIALISED if getattr(m, name, None) is not None}
+        for m in self.modules():
+            if isinstance(m, nn.Linear) and m not in own_init:
+                trunc_normal_(m.weight, std=0.02)
+                if m.bias is not None:
+                    nn.init.zeros_(m.bias)
+
+    @property
+    def token_layout(self) -> dict[str, slice]:
+        """Where each token type sits in the sequence."""
+        n, r = self.num_patches, self.num_registers
+        return {"patches": slice(0, n), "registers": slice(n, n + r), "cls": slice(n + r, n + r + 1)}
+
+    @torch.jit.ignore
+    def no_weight_decay(self) -> set[str]:
+        """Parameters exempt from weight decay."""
+        return {"pos_embed", "cls_token", "register_tokens"}
+
+    def get_classifier(self) -> nn.Module:
+        """The classification head."""
+        return self.head
+
+    def reset_classifier(self, num_classes: int, global_pool: str | None = None) -> None:
+        """Replace the head with a fresh one for `num_classes` classes."""
+        self.num_classes = num_classes
+        self.head = nn.Linear(self.embed_dim, num_classes) if num_classes > 0 else nn.Identity()
+        if num_classes > 0:
+            trunc_normal_(self.head.weight, std=0.02)
+            nn.init.zeros_(self.head.bias)
+
+    def forward_features(self, x: torch.Tensor) -> torch.Tensor:
+        """Images [B, C, H, W] -> normalised tokens [B, N+R+1, D]."""
+        x = self.patch_embed(x)
+        b = x.shape[0]
+        x = torch.cat([x, self.register_tokens.expand(b, -1, -1), self.cls_token.expand(b, -1, -1)], dim=1)
+        x = self.hook_embed(self.pos_drop(x + self.pos_embed))
+        for block in self.blocks:
+            x = block(x)
+        return self.hook_final(self.norm(x))
+
+    def forward_head(self, x: torch.Tensor, pre_logits: bool = False) -> torch.Tensor:
+        """Tokens -> logits, read from the class token (the last one)."""
+        x = x[:, -1]
+        return x if pre_logits else self.head(x)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.forward_head(self.forward_features(x))
+
+
+class RbfKAT(LKAT):
+    """rbfKAT (the reference's KATT): MHSA + RMSNorm instead of GLA + LayerNorm; KAN grid [-1, 1] with LayerNorm."""
+
+    token_mixer = "mhsa"
+    norm_type = "rmsnorm"
+
+    def __init__(self, **kwargs) -> None:
+        kwargs.setdefault("kan_grid_min", -1.0)
+        kwargs.setdefault("kan_grid_max", 1.0)
+        kwargs.setdefault("kan_layernorm", True)
+        super().__init__(**kwargs)

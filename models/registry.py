@@ -1,0 +1,47 @@
+"""timm registry entries: `timm.create_model("lkat_tiny_patch16_224", num_classes=10)` after `import lkat_lens`."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from timm.models import register_model
+
+from .lkat import LKAT, RbfKAT
+
+# name -> (class, architecture defaults). Dims/heads/depth from the paper's "LKAT variants" table.
+VARIANTS: dict[str, tuple[type[LKAT], dict[str, Any]]] = {
+    "lkat_micro": (LKAT, dict(img_size=16, patch_size=4, embed_dim=64, depth=4, num_heads=2, num_classes=10)),
+    "lkat_tiny_patch16_224": (LKAT, dict(embed_dim=192, depth=12, num_heads=3)),
+    "lkat_small_patch16_224": (LKAT, dict(embed_dim=384, depth=12, num_heads=6)),
+    "lkat_base_patch16_224": (LKAT, dict(embed_dim=768, depth=12, num_heads=12)),
+    "lkat_large_patch16_224": (LKAT, dict(embed_dim=1024, depth=24, num_heads=16)),
+    "rbfkat_tiny_patch16_224": (RbfKAT, dict(embed_dim=192, depth=12, num_heads=3)),
+    "rbfkat_small_patch16_224": (RbfKAT, dict(embed_dim=384, depth=12, num_heads=6)),
+    "rbfkat_base_patch16_224": (RbfKAT, dict(embed_dim=768, depth=12, num_heads=12)),
+}
+
+_TIMM_ONLY_KWARGS = ("pretrained_cfg", "pretrained_cfg_overlay", "cache_dir")
+
+
+def build_variant(name: str, pretrained: bool = False, **kwargs: Any) -> LKAT:
+    """Build a registered LKAT/rbfKAT variant; keyword arguments override its defaults."""
+    if pretrained:
+        raise ValueError(f"no pretrained weights are published for {name}; load a checkpoint with lkat_lens.load")
+    for key in _TIMM_ONLY_KWARGS:
+        kwargs.pop(key, None)
+    cls, defaults = VARIANTS[name]
+    return cls(**{**defaults, **kwargs})
+
+
+def _register(name: str) -> None:
+    def create(pretrained: bool = False, **kwargs: Any) -> LKAT:
+        return build_variant(name, pretrained, **kwargs)
+
+    create.__name__ = create.__qualname__ = name
+    create.__doc__ = f"{name} ({VARIANTS[name][0].__name__})."
+    create.__module__ = __name__
+    register_model(create)
+
+
+for _name in VARIANTS:
+    _register(_name)

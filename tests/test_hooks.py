@@ -1,0 +1,119 @@
+"""Hook points: names, shapes, no-op hooks, run_with_cache, hooks() context manager."""
+
+import pytest
+import torch
+
+import lkat_lens
+
+B, IMG, PATCH, D, H, DEPTH, R = 2, 16, 4, 64, 2, 4, 4
+T = (IMG // PATCH) ** 2 + R + 1
+DH = D // H
+
+
+def design_hook_shapes(depth: int) -> dict[str, tuple[int, ...]]:
+    """Every hook name of DESIGN.md with its documented shape for lkat_micro."""
+    shapes = {"hook_embed": (B, T, D), "hook_final": (B, T, D)}
+    for i in range(depth):
+        p = f"blocks.{i}."
+        shapes |= {p + n: (B, T, D) for n in ("hook_resid_pre", "hook_resid_mid", "hook_resid_post", "attn.hook_out")}
+        shapes |= {p + f"attn.hook_{n}": (B, T, H, DH) for n in ("q", "k", "v", "gk")}
+        shapes |= {p + "mlp.fc1.hook_in": (B, T, D), p + "mlp.fc1.hook_out": (B, T, 4 * D)}
+        shapes |= {p + "mlp.fc2.hook_in": (B, T, 4 * D), p + "mlp.fc2.hook_out": (B, T, D)}
+    return shapes
+
+
+@pytest.fixture(scope="module")
+def model():
+    torch.manual_seed(0)
+    return lkat_lens.create_model("lkat_micro", num_classes=10).eval()
+
+
+@pytest.fixture(scope="module")
+def images():
+    return torch.randn(B, 3, IMG, IMG, generator=torch.Generator().manual_seed(1))
+
+
+def test_list_hooks_is_exactly_the_design(model):
+    assert set(model.list_hooks()) == set(design_hook_shapes(DEPTH))
+
+
+def test_run_with_cache_returns_every_hook_with_documented_shape(model, images):
+    logits, cache = model.run_with_cache(images)
+    expected = design_hook_shapes(DEPTH)
+    assert {k: tuple(v.shape) for k, v in cache.items()} == expected
+    assert torch.equal(logits, model(images))
+    assert all(not v.requires_grad for v in cache.values())
+    gk = cache["hook_gk", 2]
+    assert (gk < 0).all()
+    torch.testing.assert_close(cache["hook_final"][:, -1] @ model.head.weight.T + model.head.bias, logits)
+
+
+def test_noop_hooks_give_bit_identical_logits(model, images):
+    plain = model(images)
+    with model.hooks(fwd_hooks=[(lambda n: True, lambda t, hook: None)]):
+        hooked = model(images)
+    assert torch.equal(plain, hooked)
+
+
+def test_cache_indexing_by_short_name(model, images):
+    _, cache = model.run_with_cache(images, names="blocks.1.")
+    assert cache["hook_q", 1] is cache["blocks.1.attn.hook_q"]
+    assert cache["fc2.hook_in", 1] is cache["blocks.1.mlp.fc2.hook_in"]
+    assert cache["resid_post", 1] is cache["blocks.1.hook_resid_post"]
+    with pytest.raises(KeyError, match="ambiguous"):
+        cache["hook_in", 1]
+    with pytest.raises(KeyError):
+        cache["hook_q", 0]  # block 0 was not selected
+
+
+def test_names_as_list_prefix_or_predicate(model, images):
+    _, by_list = model.run_with_cache(images, names=["hook_embed", "blocks.0.attn.hook_gk"])
+    assert list(by_list) == ["hook_embed", "blocks.0.attn.hook_gk"]
+    _, by_pred = model.run_with_cache(images, names=lambda n: n.endswith("hook_v"))
+    assert len(by_pred) == DEPTH
+    with pytest.raises(KeyError, match="list_hooks"):
+        model.run_with_cache(images, names=["blocks.0.hook_nope"])
+
+
+def test_cache_device_and_grad(model, images):
+    _, cache = model.run_with_cache(images, names="hook_final", device="meta")
+    assert cache["hook_final"].device.type == "meta"
+    assert next(model.parameters()).device.type == "cpu"
+    logits, cache = model.run_with_cache(images, names="blocks.0.hook_resid_post", grad=True)
+    act = cache["blocks.0.hook_resid_post"]
+    (grad,) = torch.autograd.grad(logits[:, 0].sum(), act)
+    assert grad.shape == act.shape and grad.abs().sum() > 0
+
+
+def test_patching_hook_changes_output_and_is_removed_after_exception(model, images):
+    plain = model(images)
+    with pytest.raises(RuntimeError, match="boom"):
+        with model.hooks(fwd_hooks=[("blocks.3.hook_resid_post", lambda t, hook: torch.zeros_like(t))]):
+            zeroed = model(images)
+            raise RuntimeError("boom")
+    expected = model.head(model.norm(torch.zeros(B, D)))
+    torch.testing.assert_close(zeroed, expected)
+    assert not any(p.active for p in model.hook_points().values())
+    assert torch.equal(model(images), plain)
+
+
+def test_backward_hooks_see_gradients(model, images):
+    seen = {}
+    x = images.clone().requires_grad_(True)
+    def record(grad, hook):
+        seen[hook.name] = tuple(grad.shape)
+
+    with model.hooks(bwd_hooks=[("blocks.0.attn.hook_gk", record)]):
+        model(x).sum().backward()
+    assert seen == {"blocks.0.attn.hook_gk": (B, T, H, DH)}
+
+
+def test_rbfkat_attention_pattern_hook(images):
+    torch.manual_seed(0)
+    model = lkat_lens.create_model("rbfkat_tiny_patch16_224", num_classes=10, img_size=16, patch_size=4).eval()
+    plain = model(images)
+    logits, cache = model.run_with_cache(images, names=lambda n: n.endswith("hook_pattern"))
+    pattern = cache["hook_pattern", 0]
+    assert pattern.shape == (B, 3, T, T)
+    torch.testing.assert_close(pattern.sum(-1), torch.ones(B, 3, T))
+    torch.testing.assert_close(logits, plain, rtol=1e-4, atol=1e-5)
