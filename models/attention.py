@@ -4,10 +4,9 @@ from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
+from lkat_lens.kernels.gla import gated_linear_attention
 from timm.layers import RmsNorm
 from torch import nn
-
-from lkat_lens.kernels.gla import gated_linear_attention
 
 from .hooks import HookPoint
 from .rope import Rope2D

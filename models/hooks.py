@@ -5,13 +5,13 @@ from __future__ import annotations
 import re
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from contextlib import contextmanager
-from typing import Any, Union
+from typing import Any
 
 import torch
 from torch import nn
 
-HookFn = Callable[[torch.Tensor, "HookPoint"], Union[torch.Tensor, None]]
-NameFilter = Union[str, Iterable[str], Callable[[str], bool], None]
+HookFn = Callable[[torch.Tensor, "HookPoint"], torch.Tensor | None]
+NameFilter = str | Iterable[str] | Callable[[str], bool] | None
 
 _BLOCK_RE = re.compile(r"^blocks\.(\d+)\.(.+)$")
 

@@ -4,9 +4,8 @@ from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
-from torch import nn
-
 from lkat_lens.kernels.rbf import rbf_basis, rbf_grid_linear
+from torch import nn
 
 from .hooks import HookPoint
 

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 import lkat_lens
-from lkat_lens.checkpoint import FORMAT, CheckpointError, load, read_checkpoint, save_checkpoint
+from lkat_lens.checkpoint import FORMAT, CheckpointError, load, save_checkpoint
 
 
 def reference_lkat_state_dict(dim=192, depth=12, heads=3, grids=4, classes=1000, img=224, patch=16, regs=4):

@@ -6,9 +6,9 @@ import sys
 import pytest
 import timm
 import torch
+from lkat_lens.models import LKAT, KANLayer, RbfKAT, create_model
 
 import lkat_lens
-from lkat_lens.models import LKAT, KANLayer, RbfKAT, create_model
 
 # Paper table "LKAT variants" (params with a 1000-class head at 224^2).
 PAPER_PARAMS_M = {
@@ -111,9 +111,11 @@ def test_kan_layer_optional_branches():
     layer = KANLayer(4, 2, basis="shared", use_layernorm=True, use_base_update=True, gated=True).double()
     x = torch.randn(3, 4, dtype=torch.float64)
     plain = KANLayer(4, 2, basis="shared").double()
-    plain.load_state_dict({k: v for k, v in layer.state_dict().items() if k.split(".")[0] in {"grid_linear", "dim_linear", "rbf"}})
+    kept = {"grid_linear", "dim_linear", "rbf"}
+    plain.load_state_dict({k: v for k, v in layer.state_dict().items() if k.split(".")[0] in kept})
     gamma = layer.gat_resid(x)
-    expected = (plain(layer.layernorm(x)) + layer.base_linear(torch.nn.functional.silu(x)) + gamma * torch.sigmoid(gamma))
+    base = layer.base_linear(torch.nn.functional.silu(x))
+    expected = plain(layer.layernorm(x)) + base + gamma * torch.sigmoid(gamma)
     torch.testing.assert_close(layer(x), expected)
 
 
