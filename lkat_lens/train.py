@@ -1,0 +1,739 @@
+"""`python -m lkat_lens.train`: train an LKAT (or a baseline) -> runs/<name>/{last,best}.pt and metrics.jsonl.
+
+With no arguments it trains lkat_micro on scikit-learn's handwritten digits, on the CPU, in a few minutes.
+Under torchrun (DDP) --batch-size is the global batch: each of the N ranks takes batch/N samples of it (the
+sampler deals the shuffled indices round-robin, so a step sees the same samples as a single-process step),
+gradients are averaged over ranks, and rank 0 alone logs and writes files.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import random
+import sys
+import time
+from contextlib import AbstractContextManager, nullcontext
+from dataclasses import dataclass, field
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from timm.data import Mixup
+from timm.layers import resample_abs_pos_embed
+from timm.scheduler.scheduler import Scheduler
+from timm.utils import ModelEmaV3
+from torch import nn
+from torch.nn.parallel import DistributedDataParallel
+from torch.utils.data import DataLoader, Dataset, DistributedSampler, Subset
+from tqdm import tqdm
+
+from lkat_lens import data as lkdata
+from lkat_lens import distributed as lkdist
+from lkat_lens import recipe as lkrecipe
+from lkat_lens.checkpoint import (
+    CheckpointError,
+    extract_state_dict,
+    infer_model_kwargs,
+    is_lkat_checkpoint,
+    read_checkpoint,
+    save_checkpoint,
+)
+from lkat_lens.models import VARIANTS, create_model
+
+DEFAULT_MODEL = {"digits": "lkat_micro"}  # other datasets: FALLBACK_MODEL
+FALLBACK_MODEL = "lkat_tiny_patch16_224"
+# On --resume every setting comes from the checkpoint except those of this invocation (always from the command
+# line) and those of this machine (from the command line when given there).
+INVOCATION_FLAGS = ("device", "compile", "threads", "max_steps")
+MACHINE_FLAGS = ("workers", "data_dir", "download")
+
+
+class UsageError(ValueError):
+    """A bad flag value or combination (a user error)."""
+
+
+class NonFiniteLoss(RuntimeError):
+    """The training loss became NaN or infinite."""
+
+
+USER_ERRORS = (UsageError, lkdata.DataError, lkrecipe.RecipeError, CheckpointError)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The command-line interface of the trainer."""
+    p = argparse.ArgumentParser(
+        prog="python -m lkat_lens.train",
+        description="Train an LKAT (or rbfKAT / timm baseline) with the paper's recipes. With no arguments: "
+        "lkat_micro on scikit-learn's digits, on the CPU, in a few minutes.",
+    )
+    g = p.add_argument_group("data")
+    g.add_argument("--data", default="digits", choices=lkdata.DATASETS, help="dataset (default: digits)")
+    g.add_argument(
+        "--data-dir",
+        default="data",
+        help="root of cifar10/cifar100 (torchvision layout) or of "
+        "imagefolder's train/ and val/ folders (default: data)",
+    )
+    g.add_argument("--download", action="store_true", help="download CIFAR into --data-dir if missing")
+    g.add_argument(
+        "--workers",
+        type=int,
+        default=None,
+        help="data-loading processes per rank (default: 0 for digits, else min(8, CPUs))",
+    )
+    g = p.add_argument_group("model")
+    g.add_argument(
+        "--model",
+        default=None,
+        help=f"registry name: {', '.join(VARIANTS)}, vit5_*, or a timm vit_*/mixer_* model "
+        f"(default: lkat_micro on digits, else {FALLBACK_MODEL})",
+    )
+    g.add_argument("--img-size", type=int, default=None, help="input resolution (default: 16 for digits, else 224)")
+    g.add_argument("--patch-size", type=int, default=None, help="patch size (default: the model's)")
+    g.add_argument("--kan-num-grids", type=int, default=None, help="RBF centers G per KAN layer (default: 4)")
+    g.add_argument("--kan-basis", choices=("shared", "channel", "edge"), default=None, help="KAN edge functions")
+    g.add_argument("--kan-gated", action="store_true", default=None, help="gated residual in the KAN layers")
+    g.add_argument("--drop-path", type=float, default=None, help="stochastic depth rate (default: the recipe's)")
+    g = p.add_argument_group("recipe")
+    g.add_argument(
+        "--recipe",
+        default=None,
+        choices=tuple(lkrecipe.RECIPES),
+        help="preset (default: digits on digits, deit elsewhere, finetune-b with --finetune)",
+    )
+    g.add_argument(
+        "--finetune",
+        default=None,
+        metavar="CKPT",
+        help="start from this checkpoint's weights with a new head (model name and architecture come from it)",
+    )
+    g.add_argument(
+        "--epochs",
+        type=int,
+        default=None,
+        help="default: the recipe's (deit: 100 CIFAR-10, 200 CIFAR-100, 300 imagefolder)",
+    )
+    g.add_argument("--batch-size", type=int, default=None, help="global batch, split over DDP ranks")
+    g.add_argument("--lr", type=float, default=None, help="peak learning rate")
+    g.add_argument("--weight-decay", type=float, default=None)
+    g.add_argument("--warmup-epochs", type=int, default=None)
+    g.add_argument("--clip-grad", type=float, default=None, help="clip the gradient norm to this value")
+    g.add_argument("--ema", action="store_true", help="keep (and evaluate) an EMA of the weights")
+    g.add_argument("--ema-decay", type=float, default=0.9998)
+    g = p.add_argument_group("run")
+    g.add_argument("--seed", type=int, default=0)
+    g.add_argument("--device", default="auto", help="auto (cuda if available), cpu, cuda, cuda:1, ...")
+    g.add_argument(
+        "--amp",
+        choices=("auto", "bf16", "fp16", "off"),
+        default="auto",
+        help="autocast dtype (auto: bf16 on CUDA, off on CPU)",
+    )
+    g.add_argument("--compile", action="store_true", help="torch.compile the model")
+    g.add_argument(
+        "--threads",
+        type=int,
+        default=None,
+        help="torch CPU threads per process (default: 1 for digits on the CPU, where the tiny model gains "
+        "little from more and a shared CPU makes extra threads thrash; else torch's choice)",
+    )
+    g.add_argument(
+        "--resume",
+        default=None,
+        metavar="CKPT",
+        help="continue runs/<name>/last.pt exactly; settings come from it, except --device, --compile, "
+        "--threads, --max-steps and (when given) --workers, --data-dir, --download",
+    )
+    g.add_argument("--name", default=None, help="run name (default: <model>-<data>-<date>-<time>)")
+    g.add_argument("--out-dir", default="runs", help="runs are written to <out-dir>/<name>/ (default: runs)")
+    g.add_argument(
+        "--max-steps",
+        type=int,
+        default=None,
+        help="stop after this many optimizer steps in total (smoke tests, benchmarks); the epoch it stops "
+        "in counts as done",
+    )
+    return p
+
+
+def resolve_config(args: argparse.Namespace, finetune: dict[str, Any] | None) -> dict[str, Any]:
+    """Every run setting as a plain value: flags given, else the recipe's, model's or dataset's defaults."""
+    cfg = dict(vars(args))
+    dataset = cfg["data"]
+    recipe = lkrecipe.get_recipe(cfg["recipe"] or lkrecipe.default_recipe(dataset, finetune is not None))
+    cfg["recipe"] = recipe.name
+    if finetune is not None:
+        ft_model = finetune["model"]["name"]
+        if cfg["model"] not in (None, ft_model):
+            raise UsageError(f"--model {cfg['model']} differs from the --finetune checkpoint's model {ft_model}")
+        cfg["model"] = ft_model
+        if cfg["img_size"] is None:
+            cfg["img_size"] = int(finetune["model"]["kwargs"].get("img_size", 224))
+    defaults = {
+        "model": DEFAULT_MODEL.get(dataset, FALLBACK_MODEL),
+        "img_size": lkdata.DEFAULT_IMG_SIZE[dataset],
+        "epochs": lkrecipe.epochs_for(recipe, dataset),
+        "batch_size": recipe.batch_size,
+        "lr": recipe.lr,
+        "weight_decay": recipe.weight_decay,
+        "warmup_epochs": recipe.warmup_epochs,
+        "drop_path": recipe.drop_path,
+        "workers": 0 if dataset == "digits" else min(8, os.cpu_count() or 1),
+    }
+    for key, value in defaults.items():
+        if cfg[key] is None:
+            cfg[key] = value
+    cfg["name"] = cfg["name"] or f"{cfg['model']}-{dataset}-{datetime.now():%Y%m%d-%H%M%S}"
+    for key in ("epochs", "batch_size", "img_size", "warmup_epochs", "workers"):
+        if cfg[key] < (0 if key in ("warmup_epochs", "workers") else 1):
+            raise UsageError(f"--{key.replace('_', '-')} is out of range: {cfg[key]}")
+    return cfg
+
+
+@dataclass
+class Run:
+    """Everything a training run holds between epochs."""
+
+    cfg: dict[str, Any]
+    dist: lkdist.DistInfo
+    recipe: lkrecipe.Recipe
+    run_dir: Path
+    model: nn.Module  # the bare module: state dicts, EMA, evaluation
+    forward: nn.Module  # what a training step calls (DDP and/or compiled wrapper of `model`)
+    model_kwargs: dict[str, Any]
+    data_info: dict[str, Any]
+    train_loader: DataLoader
+    val_loader: DataLoader
+    loader_gen: torch.Generator
+    optimizer: torch.optim.Optimizer
+    scheduler: Scheduler
+    scaler: torch.amp.GradScaler
+    criterion: nn.Module
+    mixup: Mixup | None
+    ema: ModelEmaV3 | None
+    amp_dtype: torch.dtype | None
+    epoch: int = 0  # completed epochs
+    step: int = 0  # optimizer steps taken
+    metrics: list[dict[str, Any]] = field(default_factory=list)
+
+    @property
+    def best_top1(self) -> float:
+        """Best validation top-1 so far (-1 before the first evaluation)."""
+        return max((m["val_top1"] for m in self.metrics), default=-1.0)
+
+    def autocast(self) -> AbstractContextManager:
+        """The autocast context of the run's --amp setting."""
+        if self.amp_dtype is None:
+            return nullcontext()
+        return torch.autocast(self.dist.device.type, dtype=self.amp_dtype)
+
+
+def amp_dtype_for(amp: str, device: torch.device) -> torch.dtype | None:
+    """The autocast dtype of an --amp value on `device` (None: no autocast)."""
+    if amp == "auto":
+        return torch.bfloat16 if device.type == "cuda" else None
+    if amp == "fp16" and device.type != "cuda":
+        raise UsageError("--amp fp16 needs a CUDA device; use bf16 or off on the CPU")
+    return {"bf16": torch.bfloat16, "fp16": torch.float16, "off": None}[amp]
+
+
+def build_datasets(
+    cfg: dict[str, Any], recipe: lkrecipe.Recipe, info: lkdist.DistInfo
+) -> tuple[Dataset, Dataset, dict[str, Any]]:
+    """Train and val datasets with the recipe's transforms, and the checkpoint's `data` dict."""
+    name, size = cfg["data"], cfg["img_size"]
+    mean, std = lkdata.NORMALIZATION[name]
+    train_tf = lkrecipe.build_train_transform(recipe, size, mean, std)
+    val_tf = lkrecipe.build_eval_transform(recipe, size, mean, std)
+
+    def both(download: bool) -> tuple[Dataset, Dataset]:
+        kw = dict(data_dir=cfg["data_dir"], download=download)
+        return (
+            lkdata.build_dataset(name, "train", transform=train_tf, **kw),
+            lkdata.build_dataset(name, "val", transform=val_tf, **kw),
+        )
+
+    if cfg["download"] and info.distributed:  # rank 0 downloads, the others read what it wrote
+        if info.is_main:
+            both(True)
+        lkdist.barrier()
+    train_ds, val_ds = both(cfg["download"] and not info.distributed)
+    data_info = {
+        "name": name,
+        "class_names": lkdata.check_same_classes(train_ds, val_ds),
+        "img_size": size,
+        "in_chans": lkdata.IN_CHANS,
+        "mean": list(mean),
+        "std": list(std),
+        "crop_pct": recipe.crop_pct,
+        "interpolation": recipe.interpolation,
+    }
+    return train_ds, val_ds, data_info
+
+
+def build_loaders(
+    cfg: dict[str, Any], info: lkdist.DistInfo, train_ds: Dataset, val_ds: Dataset, mixes: bool
+) -> tuple[DataLoader, DataLoader, torch.Generator]:
+    """Loaders of this rank's share: shuffled by (seed, epoch), full batches, generator reseeded per epoch."""
+    if cfg["batch_size"] % info.world_size:
+        raise UsageError(f"--batch-size {cfg['batch_size']} does not split evenly over {info.world_size} ranks")
+    per_rank = cfg["batch_size"] // info.world_size
+    if mixes and per_rank % 2:
+        raise UsageError(f"Mixup/CutMix in batch mode needs an even batch per rank, got {per_rank}")
+    if len(train_ds) < cfg["batch_size"]:
+        raise UsageError(f"--batch-size {cfg['batch_size']} exceeds the {len(train_ds)} training images")
+    common = dict(num_workers=cfg["workers"], pin_memory=info.device.type == "cuda")
+    sampler = DistributedSampler(
+        train_ds, num_replicas=info.world_size, rank=info.rank, shuffle=True, seed=cfg["seed"], drop_last=True
+    )
+    gen = torch.Generator()
+    train_loader = DataLoader(train_ds, batch_size=per_rank, sampler=sampler, drop_last=True, generator=gen, **common)
+    val_shard = Subset(val_ds, range(info.rank, len(val_ds), info.world_size))
+    val_loader = DataLoader(val_shard, batch_size=per_rank, generator=torch.Generator().manual_seed(0), **common)
+    return train_loader, val_loader, gen
+
+
+def model_kwargs_for(
+    cfg: dict[str, Any], recipe: lkrecipe.Recipe, num_classes: int, base: dict[str, Any]
+) -> dict[str, Any]:
+    """Constructor kwargs of the run's model: `base` (a fine-tuned checkpoint's), then flags and recipe."""
+    kwargs = {**base, "num_classes": num_classes, "img_size": cfg["img_size"], "in_chans": lkdata.IN_CHANS}
+    for flag in ("patch_size", "kan_num_grids", "kan_basis", "kan_gated"):
+        if cfg[flag] is not None:
+            kwargs[flag] = cfg[flag]
+    if cfg["drop_path"] is not None:
+        kwargs["drop_path_rate"] = cfg["drop_path"]
+    if cfg["model"] in VARIANTS:
+        kwargs.update(recipe.model_kwargs)
+    return kwargs
+
+
+def build_model(name: str, kwargs: dict[str, Any]) -> nn.Module:
+    """create_model(name, **kwargs), with construction errors reported as user errors."""
+    kw = dict(kwargs)
+    try:
+        return create_model(name, num_classes=kw.pop("num_classes"), **kw)
+    except (ValueError, TypeError, RuntimeError) as err:
+        raise UsageError(f"cannot build model {name!r} with {kwargs}: {err}") from None
+
+
+def load_pretrained(model: nn.Module, ckpt: dict[str, Any], path: str) -> str:
+    """Load a checkpoint's weights except its head (resizing pos_embed to the new grid); a summary line."""
+    state = {k: v for k, v in ckpt["state_dict"].items() if not k.startswith("head.")}
+    target = model.state_dict()
+    if "pos_embed" in state and "pos_embed" in target and state["pos_embed"].shape != target["pos_embed"].shape:
+        state["pos_embed"] = fit_pos_embed(state["pos_embed"], model)
+    wrong = [
+        f"{k} {tuple(v.shape)} vs {tuple(target[k].shape)}"
+        for k, v in state.items()
+        if k in target and v.shape != target[k].shape
+    ]
+    if wrong:
+        raise UsageError(f"--finetune {path}: weights do not fit the new model: {'; '.join(wrong[:3])}")
+    missing, unexpected = model.load_state_dict(state, strict=False)
+    new = [k for k in missing if not k.startswith("head.")]
+    return (
+        f"fine-tuning from {path}: {len(state) - len(unexpected)} tensors loaded, new head"
+        + (f", newly initialised: {', '.join(new)}" if new else "")
+        + (f", unused: {', '.join(unexpected)}" if unexpected else "")
+    )
+
+
+def fit_pos_embed(pos_embed: torch.Tensor, model: nn.Module) -> torch.Tensor:
+    """Resample the patch part of a position embedding to `model`'s patch grid; other tokens stay."""
+    patches = model.token_layout["patches"]
+    extra = model.pos_embed.shape[1] - (patches.stop - patches.start)  # 0 when only patches are embedded
+    prefix = patches.start if extra else 0
+    end = pos_embed.shape[1] - (extra - prefix)
+    grid = list(model.patch_embed.grid_size)
+    resized = resample_abs_pos_embed(pos_embed[:, prefix:end], grid, num_prefix_tokens=0)
+    return torch.cat([pos_embed[:, :prefix], resized, pos_embed[:, end:]], dim=1)
+
+
+def seed_all(seed: int) -> None:
+    """Seed python, numpy and torch (all devices)."""
+    random.seed(seed)
+    np.random.seed(seed % 2**32)
+    torch.manual_seed(seed)
+
+
+def rng_state(device: torch.device) -> dict[str, Any]:
+    """This process's torch/CUDA/numpy/python RNG states as tensors and plain containers."""
+    np_name, np_keys, np_pos, np_has_gauss, np_gauss = np.random.get_state()
+    py_version, py_state, py_gauss = random.getstate()
+    return {
+        "torch": torch.get_rng_state(),
+        "cuda": torch.cuda.get_rng_state(device) if device.type == "cuda" else None,
+        "numpy": {
+            "name": np_name,
+            "keys": torch.from_numpy(np_keys.astype(np.int64)),
+            "pos": int(np_pos),
+            "has_gauss": int(np_has_gauss),
+            "cached_gaussian": float(np_gauss),
+        },
+        "python": {"version": py_version, "state": list(py_state), "gauss_next": py_gauss},
+    }
+
+
+def set_rng_state(state: dict[str, Any], device: torch.device) -> None:
+    """Restore what rng_state() captured."""
+    torch.set_rng_state(state["torch"])
+    if device.type == "cuda" and state["cuda"] is not None:
+        torch.cuda.set_rng_state(state["cuda"], device)
+    n = state["numpy"]
+    np.random.set_state(
+        (n["name"], n["keys"].numpy().astype(np.uint32), n["pos"], n["has_gauss"], n["cached_gaussian"])
+    )
+    p = state["python"]
+    random.setstate((p["version"], tuple(p["state"]), p["gauss_next"]))
+
+
+def epoch_seed(seed: int, epoch: int, rank: int) -> int:
+    """Seed of the data loader's generator (data-worker RNGs) for one epoch of one rank."""
+    return ((seed * 1_000_003 + epoch) * 1_009 + rank) % 2**63
+
+
+def train_one_epoch(run: Run) -> dict[str, float]:
+    """One pass over this rank's shard; returns train_loss (mean over ranks and steps), lr, images/s, time."""
+    cfg, info = run.cfg, run.dist
+    run.model.train()
+    run.train_loader.sampler.set_epoch(run.epoch)
+    run.loader_gen.manual_seed(epoch_seed(cfg["seed"], run.epoch, info.rank))
+    total, steps, images_seen = 0.0, 0, 0
+    start = time.perf_counter()
+    bar = tqdm(
+        run.train_loader,
+        desc=f"epoch {run.epoch + 1}/{cfg['epochs']}",
+        leave=False,
+        disable=not info.is_main,
+        dynamic_ncols=True,
+        mininterval=0.5,
+    )
+    for images, targets in bar:
+        images = images.to(info.device, non_blocking=True)
+        targets = targets.to(info.device, non_blocking=True)
+        if run.mixup is not None:
+            images, targets = run.mixup(images, targets)
+        with run.autocast():
+            loss = run.criterion(run.forward(images), targets)
+        value = float(lkdist.all_reduce_sum(loss.detach().float()).item()) / info.world_size
+        if not math.isfinite(value):
+            raise NonFiniteLoss(f"non-finite training loss ({value}) at epoch {run.epoch + 1}, step {run.step + 1}")
+        run.optimizer.zero_grad(set_to_none=True)
+        run.scaler.scale(loss).backward()
+        if cfg["clip_grad"] is not None:
+            run.scaler.unscale_(run.optimizer)
+            nn.utils.clip_grad_norm_(run.model.parameters(), cfg["clip_grad"])
+        run.scaler.step(run.optimizer)
+        run.scaler.update()
+        run.step += 1
+        run.scheduler.step_update(run.step)
+        if run.ema is not None:
+            run.ema.update(run.model, step=run.step)
+        total, steps, images_seen = total + value, steps + 1, images_seen + images.shape[0]
+        bar.set_postfix(loss=f"{value:.4f}", refresh=False)
+        if cfg["max_steps"] is not None and run.step >= cfg["max_steps"]:
+            break
+    bar.close()
+    if info.device.type == "cuda":
+        torch.cuda.synchronize(info.device)
+    elapsed = time.perf_counter() - start
+    return {
+        "train_loss": total / max(steps, 1),
+        "lr": run.optimizer.param_groups[0]["lr"],
+        "images_per_s": images_seen * info.world_size / elapsed,
+        "steps": steps,
+    }
+
+
+@torch.no_grad()
+def evaluate(model: nn.Module, run: Run) -> dict[str, float]:
+    """Validation cross-entropy, top-1 and top-5 (%) over all ranks' shards."""
+    model.eval()
+    device = run.dist.device
+    sums = torch.zeros(4, dtype=torch.float64, device=device)  # loss, top-1 hits, top-5 hits, count
+    k = min(5, len(run.data_info["class_names"]))
+    for images, targets in tqdm(
+        run.val_loader,
+        desc="eval",
+        leave=False,
+        disable=not run.dist.is_main,
+        dynamic_ncols=True,
+        mininterval=0.5,
+    ):
+        images, targets = images.to(device, non_blocking=True), targets.to(device, non_blocking=True)
+        with run.autocast():
+            logits = model(images).float()
+        hits = logits.topk(k, dim=1).indices.eq(targets[:, None])
+        sums += torch.stack(
+            [
+                F.cross_entropy(logits, targets, reduction="sum").double(),
+                hits[:, 0].sum().double(),
+                hits.any(dim=1).sum().double(),
+                torch.tensor(float(len(targets)), dtype=torch.float64, device=device),
+            ]
+        )
+    loss, top1, top5, count = lkdist.all_reduce_sum(sums).tolist()
+    return {"val_loss": loss / count, "val_top1": 100.0 * top1 / count, "val_top5": 100.0 * top5 / count}
+
+
+def save_run(run: Run, path: Path, rngs: list[dict[str, Any]] | None) -> None:
+    """Write the run's checkpoint; with `rngs` (every rank's RNG state) it also holds what --resume needs."""
+    resume_state: dict[str, Any] = {}
+    if rngs is not None:
+        resume_state = dict(
+            optimizer=run.optimizer.state_dict(),
+            scheduler=run.scheduler.state_dict(),
+            scaler=run.scaler.state_dict() if run.scaler.is_enabled() else None,
+            rng={"ranks": rngs},
+        )
+    save_checkpoint(
+        path,
+        model_name=run.cfg["model"],
+        model_kwargs=run.model_kwargs,
+        state_dict=run.model.state_dict(),
+        data=run.data_info,
+        train={
+            "args": run.cfg,
+            "epoch": run.epoch,
+            "step": run.step,
+            "seed": run.cfg["seed"],
+            "world_size": run.dist.world_size,
+        },
+        metrics=run.metrics,
+        ema_state_dict=run.ema.module.state_dict() if run.ema is not None else None,
+        **resume_state,
+    )
+
+
+def restore_run(run: Run, ckpt: dict[str, Any]) -> None:
+    """Put a --resume checkpoint's weights, optimizer, schedule, scaler, EMA, RNGs and counters into `run`."""
+    run.model.load_state_dict(ckpt["state_dict"])
+    run.optimizer.load_state_dict(ckpt["optimizer"])
+    run.scheduler.load_state_dict(ckpt["scheduler"])
+    if ckpt.get("scaler") is not None:
+        run.scaler.load_state_dict(ckpt["scaler"])
+    if run.ema is not None and "ema_state_dict" in ckpt:
+        run.ema.module.load_state_dict(ckpt["ema_state_dict"])
+    run.epoch, run.step = int(ckpt["train"]["epoch"]), int(ckpt["train"]["step"])
+    run.metrics = list(ckpt["metrics"])
+    rngs = ckpt["rng"]["ranks"]
+    if len(rngs) == run.dist.world_size:
+        set_rng_state(rngs[run.dist.rank], run.dist.device)
+    else:
+        seed_all(run.cfg["seed"] + run.dist.rank + 1_000 * run.epoch)
+        log(
+            run.dist,
+            f"note: resumed on {run.dist.world_size} ranks from a {len(rngs)}-rank run; "
+            "random streams are reseeded, so the continuation is not bit-identical",
+        )
+
+
+def write_metrics(path: Path, metrics: list[dict[str, Any]]) -> None:
+    """Rewrite metrics.jsonl (one JSON object per epoch) atomically."""
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_text("".join(json.dumps(m) + "\n" for m in metrics))
+    os.replace(tmp, path)
+
+
+def log(info: lkdist.DistInfo, message: str) -> None:
+    """Print on rank 0 only."""
+    if info.is_main:
+        print(message, flush=True)
+
+
+def summary_line(m: dict[str, Any], epochs: int) -> str:
+    """One line per epoch: losses, accuracy, lr, throughput, time."""
+    line = (
+        f"epoch {m['epoch']}/{epochs} | train_loss {m['train_loss']:.4f} | val_loss {m['val_loss']:.4f} | "
+        f"top1 {m['val_top1']:.2f}% | top5 {m['val_top5']:.2f}% | lr {m['lr']:.2e} | "
+        f"{m['images_per_s']:.0f} img/s | {m['time_s']:.1f}s"
+    )
+    if "ema_val_top1" in m:
+        line += f" | ema top1 {m['ema_val_top1']:.2f}%"
+    if "max_mem_gb" in m:
+        line += f" | {m['max_mem_gb']:.2f} GB"
+    return line
+
+
+def read_resume_source(path: str) -> dict[str, Any]:
+    """A trainer's last.pt with everything --resume needs."""
+    ckpt = read_checkpoint(path)
+    if not is_lkat_checkpoint(ckpt) or not {"optimizer", "scheduler", "rng", "train"} <= ckpt.keys():
+        raise CheckpointError(f"{path} holds no training state to resume (resume from a run's last.pt)")
+    return ckpt
+
+
+def read_finetune_source(path: str, model_name: str | None) -> dict[str, Any]:
+    """The weights and model spec --finetune starts from: an lkat-lens checkpoint or a reference state_dict."""
+    obj = read_checkpoint(path)
+    if is_lkat_checkpoint(obj):
+        return obj
+    if model_name not in VARIANTS:
+        raise CheckpointError(
+            f"{path} is not an lkat-lens checkpoint; if it is a reference-code state_dict, name the variant it "
+            f"was trained as with --model (one of {', '.join(VARIANTS)})"
+        )
+    state_dict = extract_state_dict(obj)
+    return {"model": {"name": model_name, "kwargs": infer_model_kwargs(state_dict)}, "state_dict": state_dict}
+
+
+def setup_run(args: argparse.Namespace, info: lkdist.DistInfo) -> Run:
+    """Resolve the settings, build data, model and optimisation, and restore a --resume checkpoint."""
+    resume = read_resume_source(args.resume) if args.resume else None
+    if resume is not None:
+        saved = dict(resume["train"]["args"])
+        defaults = build_parser()
+        cfg = {**saved, **{k: getattr(args, k) for k in INVOCATION_FLAGS}}
+        cfg.update({k: getattr(args, k) for k in MACHINE_FLAGS if getattr(args, k) != defaults.get_default(k)})
+        run_dir = Path(args.resume).parent
+        finetune = None
+    else:
+        finetune = read_finetune_source(args.finetune, args.model) if args.finetune else None
+        cfg = resolve_config(args, finetune)
+        run_dir = Path(cfg["out_dir"]) / cfg["name"]
+        if (run_dir / "last.pt").exists():
+            raise UsageError(
+                f"{run_dir} already holds a run; continue it with --resume {run_dir / 'last.pt'} or pick another --name"
+            )
+    recipe = lkrecipe.get_recipe(cfg["recipe"])
+    threads = cfg["threads"] or (1 if cfg["data"] == "digits" and info.device.type == "cpu" else None)
+    if threads:
+        torch.set_num_threads(threads)
+    seed_all(cfg["seed"] + info.rank)
+    amp_dtype = amp_dtype_for(cfg["amp"], info.device)
+
+    train_ds, val_ds, data_info = build_datasets(cfg, recipe, info)
+    train_loader, val_loader, gen = build_loaders(cfg, info, train_ds, val_ds, recipe.mixes)
+    num_classes = len(data_info["class_names"])
+
+    if resume is not None:
+        model_kwargs = dict(resume["model"]["kwargs"])
+    else:
+        base = {}
+        if finetune is not None:
+            base = {k: v for k, v in finetune["model"]["kwargs"].items() if k not in ("num_classes", "img_size")}
+        model_kwargs = model_kwargs_for(cfg, recipe, num_classes, base)
+    model = build_model(cfg["model"], model_kwargs)
+    if finetune is not None:
+        log(info, load_pretrained(model, finetune, cfg["finetune"]))
+    model.to(info.device)
+    forward: nn.Module = model
+    if info.distributed:
+        forward = DistributedDataParallel(model, device_ids=[info.device.index] if info.device.type == "cuda" else None)
+    if cfg["compile"]:
+        forward = torch.compile(forward)
+
+    optimizer = lkrecipe.build_optimizer(model, recipe, lr=cfg["lr"], weight_decay=cfg["weight_decay"])
+    scheduler = lkrecipe.build_scheduler(
+        optimizer,
+        recipe,
+        epochs=cfg["epochs"],
+        warmup_epochs=cfg["warmup_epochs"],
+        updates_per_epoch=len(train_loader),
+    )
+    run = Run(
+        cfg=cfg,
+        dist=info,
+        recipe=recipe,
+        run_dir=run_dir,
+        model=model,
+        forward=forward,
+        model_kwargs=model_kwargs,
+        data_info=data_info,
+        train_loader=train_loader,
+        val_loader=val_loader,
+        loader_gen=gen,
+        optimizer=optimizer,
+        scheduler=scheduler,
+        scaler=torch.amp.GradScaler(info.device.type, enabled=amp_dtype is torch.float16),
+        criterion=lkrecipe.build_loss(recipe),
+        mixup=lkrecipe.build_mixup(recipe, num_classes),
+        ema=ModelEmaV3(model, decay=cfg["ema_decay"]) if cfg["ema"] else None,
+        amp_dtype=amp_dtype,
+    )
+    if resume is not None:
+        restore_run(run, resume)
+    n_params = sum(p.numel() for p in model.parameters())
+    log(
+        info,
+        f"{cfg['model']} ({n_params / 1e6:.2f} M params) on {cfg['data']}: {len(train_ds)} train / "
+        f"{len(val_ds)} val images, {cfg['img_size']}px, recipe {recipe.name}, {cfg['epochs']} epochs, batch "
+        f"{cfg['batch_size']} over {info.world_size} rank(s), {info.device}, amp {cfg['amp']} -> {run_dir}"
+        + (f" (resuming after epoch {run.epoch})" if resume is not None else ""),
+    )
+    return run
+
+
+def train(run: Run) -> None:
+    """Epoch loop: train, evaluate, log, write last.pt / best.pt / metrics.jsonl (rank 0)."""
+    cfg, info = run.cfg, run.dist
+    if info.is_main:
+        run.run_dir.mkdir(parents=True, exist_ok=True)
+    last = run.run_dir / "last.pt"
+    while run.epoch < cfg["epochs"] and (cfg["max_steps"] is None or run.step < cfg["max_steps"]):
+        start = time.perf_counter()
+        if info.device.type == "cuda":
+            torch.cuda.reset_peak_memory_stats(info.device)
+        try:
+            stats = train_one_epoch(run)
+        except NonFiniteLoss as err:
+            kept = (
+                f"the last good checkpoint is {last} (epoch {run.epoch})"
+                if last.exists()
+                else "no checkpoint was written yet"
+            )
+            raise NonFiniteLoss(f"{err}; stopping, {kept}") from None
+        stats.update(evaluate(run.model, run))
+        if run.ema is not None:
+            stats["ema_val_top1"] = evaluate(run.ema.module, run)["val_top1"]
+        run.epoch += 1
+        stats.update(epoch=run.epoch, step=run.step, time_s=time.perf_counter() - start)
+        if info.device.type == "cuda":
+            stats["max_mem_gb"] = torch.cuda.max_memory_allocated(info.device) / 2**30
+        is_best = stats["val_top1"] > run.best_top1
+        run.metrics.append(stats)
+        rngs = lkdist.gather_objects(rng_state(info.device), info.world_size)
+        if info.is_main:
+            save_run(run, last, rngs)
+            if is_best:
+                save_run(run, run.run_dir / "best.pt", None)
+            write_metrics(run.run_dir / "metrics.jsonl", run.metrics)
+        log(info, summary_line(stats, cfg["epochs"]))
+    lkdist.barrier()
+    if run.metrics:
+        best = max(run.metrics, key=lambda m: m["val_top1"])
+        log(
+            info,
+            f"done: best val top-1 {best['val_top1']:.2f}% at epoch {best['epoch']}; "
+            f"checkpoints in {run.run_dir}/ (best.pt, last.pt), history in metrics.jsonl",
+        )
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run the trainer; returns the process exit code (2 for user errors and a non-finite loss)."""
+    args = build_parser().parse_args(argv)
+    info: lkdist.DistInfo | None = None
+    try:
+        info = lkdist.setup(args.device)
+        if info.device.type == "cuda":
+            torch.backends.cuda.matmul.allow_tf32 = True
+            torch.backends.cudnn.allow_tf32 = True
+        train(setup_run(args, info))
+        return 0
+    except (*USER_ERRORS, NonFiniteLoss, lkdist.DeviceError) as err:
+        if info is None or info.is_main:
+            print(f"error: {err}", file=sys.stderr, flush=True)
+        return 2
+    finally:
+        lkdist.teardown()
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
