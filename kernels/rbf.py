@@ -1,0 +1,148 @@
+"""The RBF grid-linear operator y = sum_g w_g exp(-((x - c_g) / h)^2): exact torch reference and fused op.
+
+Centers c_g = linspace(grid_min, grid_max, G), bandwidth h = (grid_max - grid_min) / (G - 1). The weight
+is `shared` ([G] or [1, G]: one curve for every element) or `channel` ([D, G], D = x.shape[-1]: one
+curve per last-dim channel).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch.autograd.function import once_differentiable
+
+try:
+    from lkat_lens.kernels import rbf_triton
+except ImportError:  # pragma: no cover - triton is a declared dependency, absent only on exotic platforms
+    rbf_triton = None
+
+BACKENDS = ("auto", "torch", "triton")
+TRITON_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
+# |x - c| / h beyond this gives exp(-t^2) == 0 exactly even in float64; clamping keeps t * phi finite.
+_T_MAX = 40.0
+
+
+def _check_grid(grid_min: float, grid_max: float, num_grids: int) -> None:
+    """Reject grids without two ordered points."""
+    if num_grids < 2 or not grid_max > grid_min:
+        raise ValueError(f"need num_grids >= 2 and grid_max > grid_min, got {num_grids}, [{grid_min}, {grid_max}]")
+
+
+def _compute_dtype(*tensors: torch.Tensor) -> torch.dtype:
+    """float64 if any operand is float64, else float32."""
+    return torch.float64 if any(t.dtype == torch.float64 for t in tensors) else torch.float32
+
+
+def _scaled_offsets(x: torch.Tensor, grid_min: float, grid_max: float, num_grids: int) -> torch.Tensor:
+    """t[..., g] = (x - c_g) / h in x's dtype, clamped where the Gaussian is exactly zero."""
+    _check_grid(grid_min, grid_max, num_grids)
+    h = (grid_max - grid_min) / (num_grids - 1)
+    centers = torch.linspace(grid_min, grid_max, num_grids, device=x.device, dtype=x.dtype)
+    return ((x.unsqueeze(-1) - centers) / h).clamp(-_T_MAX, _T_MAX)
+
+
+def rbf_basis(x: torch.Tensor, grid_min: float, grid_max: float, num_grids: int) -> torch.Tensor:
+    """The Gaussian basis phi_g(x) as a [..., G] tensor in x's dtype (computed in fp32 for half inputs)."""
+    xc = x if x.dtype in (torch.float32, torch.float64) else x.float()
+    return torch.exp(-_scaled_offsets(xc, grid_min, grid_max, num_grids).square()).to(x.dtype)
+
+
+def _grid_weight(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+    """The weight as [G] (shared) or [D, G] (channel), validated against x."""
+    if weight.dim() == 1 or (weight.dim() == 2 and weight.shape[0] == 1):
+        return weight.reshape(-1)
+    if weight.dim() == 2 and x.dim() >= 1 and weight.shape[0] == x.shape[-1]:
+        return weight
+    d = x.shape[-1] if x.dim() else None
+    raise ValueError(f"weight must be [G], [1, G] or [D, G] with D = x.shape[-1] = {d}; got {tuple(weight.shape)}")
+
+
+def rbf_grid_linear_reference(x: torch.Tensor, weight: torch.Tensor, grid_min: float, grid_max: float) -> torch.Tensor:
+    """Exact unfused y = sum_g w_g phi_g(x) (fp32, or fp64 for fp64 operands), returned in x's dtype."""
+    w = _grid_weight(x, weight)
+    dtype = _compute_dtype(x, weight)
+    phi = rbf_basis(x.to(dtype), grid_min, grid_max, w.shape[-1])
+    return (phi * w.to(dtype)).sum(-1).to(x.dtype)
+
+
+def _torch_backward(
+    x: torch.Tensor, weight: torch.Tensor, dy: torch.Tensor, grid_min: float, grid_max: float
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """(dx, dw) of the operator by explicit formulas, in the dtypes of x and weight."""
+    w = _grid_weight(x, weight)
+    dtype = _compute_dtype(x, weight)
+    num_grids = w.shape[-1]
+    t = _scaled_offsets(x.to(dtype), grid_min, grid_max, num_grids)
+    phi = torch.exp(-t.square())
+    dyc = dy.to(dtype)
+    h = (grid_max - grid_min) / (num_grids - 1)
+    dx = dyc * (w.to(dtype) * phi * t).sum(-1) * (-2.0 / h)
+    contrib = dyc.unsqueeze(-1) * phi
+    dw = contrib.reshape(-1, num_grids).sum(0) if w.dim() == 1 else contrib.reshape(-1, *w.shape).sum(0)
+    return dx.to(x.dtype), dw.reshape(weight.shape).to(weight.dtype)
+
+
+def _triton_forward(x: torch.Tensor, weight: torch.Tensor, grid_min: float, grid_max: float) -> torch.Tensor:
+    """Fused forward on the Triton kernel."""
+    w = _grid_weight(x, weight)
+    x2d = x.reshape(-1, w.shape[0] if w.dim() == 2 else 1).contiguous()
+    w2d = w.detach().reshape(x2d.shape[1], -1)
+    return rbf_triton.rbf_grid_linear_fwd(x2d, w2d, grid_min, grid_max).view(x.shape)
+
+
+def _triton_backward(
+    x: torch.Tensor, weight: torch.Tensor, dy: torch.Tensor, grid_min: float, grid_max: float
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Fused backward on the Triton kernel: dx and dw in one pass."""
+    w = _grid_weight(x, weight)
+    x2d = x.reshape(-1, w.shape[0] if w.dim() == 2 else 1).contiguous()
+    w2d = w.detach().reshape(x2d.shape[1], -1)
+    dy2d = dy.reshape(x2d.shape).contiguous()
+    dx, dw = rbf_triton.rbf_grid_linear_bwd(x2d, w2d, dy2d, grid_min, grid_max)
+    return dx.view(x.shape), dw.reshape(weight.shape).to(weight.dtype)
+
+
+class _RBFGridLinear(torch.autograd.Function):
+    """Autograd op that saves only x and the weight; the backward recomputes the basis."""
+
+    @staticmethod
+    def forward(
+        ctx: Any, x: torch.Tensor, weight: torch.Tensor, grid_min: float, grid_max: float, use_triton: bool
+    ) -> torch.Tensor:
+        ctx.save_for_backward(x, weight)
+        ctx.grid = (grid_min, grid_max)
+        ctx.use_triton = use_triton
+        if use_triton:
+            return _triton_forward(x, weight, grid_min, grid_max)
+        return rbf_grid_linear_reference(x, weight, grid_min, grid_max)
+
+    @staticmethod
+    @once_differentiable
+    def backward(ctx: Any, dy: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
+        x, weight = ctx.saved_tensors
+        backward = _triton_backward if ctx.use_triton else _torch_backward
+        dx, dw = backward(x, weight, dy, *ctx.grid)
+        return (dx if ctx.needs_input_grad[0] else None), (dw if ctx.needs_input_grad[1] else None), None, None, None
+
+
+def triton_supports(x: torch.Tensor) -> bool:
+    """Whether backend "auto" runs the Triton kernel for this input (CUDA, triton present, fp32/bf16/fp16)."""
+    return rbf_triton is not None and x.is_cuda and x.dtype in TRITON_DTYPES
+
+
+def rbf_grid_linear(
+    x: torch.Tensor, weight: torch.Tensor, grid_min: float, grid_max: float, *, backend: str = "auto"
+) -> torch.Tensor:
+    """y = sum_g w_g phi_g(x) elementwise, differentiable in x and weight, without storing the basis.
+
+    backend "torch": the exact reference forward and an explicit torch backward; "triton": the fused
+    Triton kernels (on CPU tensors through the Triton interpreter); "auto": triton where supported.
+    """
+    if backend not in BACKENDS:
+        raise ValueError(f"unknown backend {backend!r}; choose from {BACKENDS}")
+    _check_grid(grid_min, grid_max, _grid_weight(x, weight).shape[-1])
+    if backend == "triton" and (rbf_triton is None or x.dtype not in TRITON_DTYPES):
+        raise ValueError(f"the triton backend needs triton and x in {TRITON_DTYPES}, got {x.dtype}")
+    use_triton = backend == "triton" or (backend == "auto" and triton_supports(x))
+    return _RBFGridLinear.apply(x, weight, float(grid_min), float(grid_max), use_triton)
