@@ -79,6 +79,7 @@ class KANLayer(nn.Module):
             nn.init.trunc_normal_(self.dim_linear.weight, std=scale)
         self.base_linear = nn.Linear(in_features, out_features) if use_base_update else None
         self.gat_resid = nn.Linear(in_features, out_features) if gated else None
+        self.kernel_backend = "auto"
         self.hook_in = HookPoint()
         self.hook_out = HookPoint()
 
@@ -92,7 +93,9 @@ class KANLayer(nn.Module):
         if self.basis == "edge":
             y = self.spline_linear(self.rbf(x_in).flatten(-2).to(self.spline_linear.weight.dtype))
         else:
-            mixed = rbf_grid_linear(x_in, self.grid_weights, self.rbf.grid_min, self.rbf.grid_max)
+            mixed = rbf_grid_linear(
+                x_in, self.grid_weights, self.rbf.grid_min, self.rbf.grid_max, backend=self.kernel_backend
+            )
             y = self.dim_linear(mixed)
         if self.base_linear is not None:
             y = y + self.base_linear(F.silu(x))

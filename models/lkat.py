@@ -139,6 +139,15 @@ class LKAT(HookedModel):
         n, r = self.num_patches, self.num_registers
         return {"patches": slice(0, n), "registers": slice(n, n + r), "cls": slice(n + r, n + r + 1)}
 
+    def set_backends(self, attn: str | None = None, kan: str | None = None) -> LKAT:
+        """Choose the GLA mode (auto/chunk/fused_recurrent/torch) and the RBF kernel backend (auto/triton/torch)."""
+        for module in self.modules():
+            if attn is not None and isinstance(module, VisionGLA):
+                module.mode = attn
+            if kan is not None and isinstance(module, KANLayer):
+                module.kernel_backend = kan
+        return self
+
     @torch.jit.ignore
     def no_weight_decay(self) -> set[str]:
         """Parameters exempt from weight decay."""
