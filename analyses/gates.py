@@ -1,0 +1,158 @@
+"""Forget gates of GLA blocks: alpha = exp(gk), its distribution and memory half-life, by token type and patch.
+
+A key channel with gate alpha keeps alpha^n of what it stored n tokens ago, so its memory half-life is
+ln 0.5 / ln alpha tokens (infinite when alpha = 1). Averages are taken on the log gate: the half-life of a
+group of tokens is ln 0.5 / mean(ln alpha), the half-life of the geometric-mean gate, which is exactly how
+fast a run of those tokens decays the state. (Averaging half-lives themselves would let any gate near 1
+dominate.) Quantiles are nearest-rank, so the half-life quantiles are the half-lives of the gate quantiles.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from lkat_lens.models.hooks import HookedModel
+
+from .attention import attention_kinds
+from .tokens import layout_dict, token_groups
+
+LN_HALF = math.log(0.5)
+QUANTILES = (0.0, 0.05, 0.25, 0.5, 0.75, 0.95, 1.0)
+
+
+def half_life(log_alpha: torch.Tensor) -> torch.Tensor:
+    """Memory half-life in tokens, ln 0.5 / ln alpha (fp64), from log gates; inf where alpha = 1."""
+    g = log_alpha.double()
+    return torch.where(g < 0, g.new_tensor(LN_HALF) / g, math.inf)  # tensor / tensor: correctly rounded
+
+
+def nearest_rank_quantiles(x: torch.Tensor, levels: torch.Tensor) -> torch.Tensor:
+    """Quantiles of x along its last dim at `levels` (torch.quantile's "nearest"), as a trailing dim [..., Q]."""
+    ranks = (levels.to(torch.float64) * (x.shape[-1] - 1)).round().long().to(x.device)
+    return x.sort(-1).values[..., ranks]
+
+
+def jsonable(x: torch.Tensor) -> Any:
+    """Nested lists of floats with non-finite values (infinite half-lives) as None, for strict JSON."""
+    return _finite_or_none(x.double().cpu().tolist())
+
+
+def _finite_or_none(values: Any) -> Any:
+    if isinstance(values, list):
+        return [_finite_or_none(v) for v in values]
+    return values if math.isfinite(values) else None
+
+
+@dataclass
+class GateStats:
+    """Forget-gate statistics of the GLA blocks; every mean and quantile is over images and tokens."""
+
+    blocks: list[int]
+    layout: dict[str, slice]
+    grid_size: tuple[int, int]
+    log_alpha: torch.Tensor  # [L, H, dk] mean log gate per key channel (fp64)
+    quantile_levels: torch.Tensor  # [Q]
+    log_alpha_quantiles: torch.Tensor  # [L, H, dk, Q] per key channel
+    head_log_alpha_quantiles: torch.Tensor  # [L, H, Q] over the head's channels too
+    hist_edges: torch.Tensor  # [bins + 1] alpha bin edges, shared by all blocks and heads
+    hist_counts: torch.Tensor  # [L, H, bins] alpha counts over images, tokens and channels
+    log_alpha_by_type: dict[str, torch.Tensor]  # token group -> [L, H, dk]
+    log_alpha_map: torch.Tensor  # [L, H, gh, gw] mean log gate of each patch over images and channels
+
+    @property
+    def alpha(self) -> torch.Tensor:
+        """Geometric-mean gate per key channel [L, H, dk]."""
+        return self.log_alpha.exp()
+
+    @property
+    def half_life(self) -> torch.Tensor:
+        """Half-life in tokens per key channel [L, H, dk]."""
+        return half_life(self.log_alpha)
+
+    @property
+    def alpha_quantiles(self) -> torch.Tensor:
+        """Gate quantiles per key channel [L, H, dk, Q]."""
+        return self.log_alpha_quantiles.exp()
+
+    @property
+    def half_life_quantiles(self) -> torch.Tensor:
+        """Half-life quantiles per key channel [L, H, dk, Q]."""
+        return half_life(self.log_alpha_quantiles)
+
+    @property
+    def half_life_by_type(self) -> dict[str, torch.Tensor]:
+        """Half-life per key channel [L, H, dk] of each token group ("patches", "register_j", "cls")."""
+        return {name: half_life(g) for name, g in self.log_alpha_by_type.items()}
+
+    @property
+    def head_half_life_by_type(self) -> dict[str, torch.Tensor]:
+        """Half-life per head [L, H] of each token group (log gate averaged over the key channels)."""
+        return {name: half_life(g.mean(-1)) for name, g in self.log_alpha_by_type.items()}
+
+    @property
+    def half_life_map(self) -> torch.Tensor:
+        """Half-life per head over the patch grid [L, H, gh, gw]."""
+        return half_life(self.log_alpha_map)
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-ready summary (infinite half-lives as None)."""
+        return {
+            "blocks": self.blocks,
+            "layout": layout_dict(self.layout),
+            "grid_size": list(self.grid_size),
+            "quantile_levels": self.quantile_levels.tolist(),
+            "head_alpha_quantiles": jsonable(self.head_log_alpha_quantiles.exp()),
+            "head_half_life_quantiles": jsonable(half_life(self.head_log_alpha_quantiles)),
+            "histogram": {"alpha_edges": self.hist_edges.tolist(), "counts": self.hist_counts.tolist()},
+            "half_life": jsonable(self.half_life),
+            "head_half_life_by_type": {name: jsonable(h) for name, h in self.head_half_life_by_type.items()},
+            "half_life_map": jsonable(self.half_life_map),
+        }
+
+
+def _histogram(alpha: torch.Tensor, bins: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Bin edges over the range of alpha [L, H, n] and counts [L, H, bins] (last bin closed)."""
+    lo, hi = alpha.min().item(), alpha.max().item()
+    if lo == hi:
+        lo, hi = lo - 0.5, hi + 0.5
+    edges = torch.linspace(lo, hi, bins + 1, dtype=torch.float64, device=alpha.device)
+    index = torch.bucketize(alpha, edges[1:-1], right=True)
+    counts = torch.zeros(*alpha.shape[:-1], bins, dtype=torch.long, device=alpha.device)
+    return edges, counts.scatter_add_(-1, index, torch.ones_like(index))
+
+
+def gate_statistics(
+    model: HookedModel,
+    images: torch.Tensor,
+    bins: int = 32,
+    quantiles: Sequence[float] = QUANTILES,
+) -> GateStats:
+    """Forget-gate values, distribution and half-lives of every GLA block of `model` on `images` (one forward)."""
+    blocks = [i for i, kind in enumerate(attention_kinds(model)) if kind == "gla"]
+    if not blocks:
+        raise ValueError(f"{type(model).__name__} has no GLA blocks; gate statistics need LKAT-style attention")
+    names = [f"blocks.{i}.attn.hook_gk" for i in blocks]
+    _, cache = model.run_with_cache(images, names=names)
+    gk = torch.stack([cache[n] for n in names]).double()  # [L, B, T, H, dk]
+    per_channel = gk.permute(0, 3, 4, 1, 2).flatten(3)  # [L, H, dk, B*T]
+    levels = torch.tensor(quantiles, dtype=torch.float64)
+    layout = model.token_layout
+    grid = tuple(model.patch_embed.grid_size)
+    edges, counts = _histogram(per_channel.flatten(2).exp(), bins)
+    return GateStats(
+        blocks=blocks,
+        layout=layout,
+        grid_size=grid,
+        log_alpha=gk.mean((1, 2)),
+        quantile_levels=levels,
+        log_alpha_quantiles=nearest_rank_quantiles(per_channel, levels),
+        head_log_alpha_quantiles=nearest_rank_quantiles(per_channel.flatten(2), levels),
+        hist_edges=edges,
+        hist_counts=counts,
+        log_alpha_by_type={name: gk[:, :, s].mean((1, 2)) for name, s in token_groups(layout).items()},
+        log_alpha_map=gk[:, :, layout["patches"]].mean((1, 4)).transpose(1, 2).unflatten(-1, grid),
+    )
