@@ -1,0 +1,88 @@
+"""fla's GLA kernels through the dispatcher against the exact torch recurrence, on CUDA."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+import torch.nn.functional as F
+from lkat_lens.kernels.gla import gated_linear_attention, gla_recurrent
+
+pytestmark = [
+    pytest.mark.gpu,
+    pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU"),
+]
+
+TOL = {torch.float32: 1e-3, torch.bfloat16: 2e-2}
+LENGTHS = [17, 64, 201, 1024]
+CHUNK_FP32_FAULT = "misaligned address"
+
+
+def rel_err(a: torch.Tensor, b: torch.Tensor) -> float:
+    """Max abs difference relative to the reference's max magnitude."""
+    return ((a.double() - b.double()).abs().max() / b.double().abs().max()).item()
+
+
+def make_inputs(T: int, dtype: torch.dtype, B: int = 2, H: int = 4, K: int = 64, V: int = 64) -> list[torch.Tensor]:
+    """Random CUDA q, k, v and log gates logsigmoid(randn) / 16, all [B, T, H, *] in dtype."""
+    gen = torch.Generator(device="cuda").manual_seed(T)
+    q, k = (torch.randn(B, T, H, K, device="cuda", generator=gen) for _ in range(2))
+    v = torch.randn(B, T, H, V, device="cuda", generator=gen)
+    gk = F.logsigmoid(torch.randn(B, T, H, K, device="cuda", generator=gen)) / 16
+    return [x.to(dtype) for x in (q, k, v, gk)]
+
+
+def output_and_grads(fn, inputs: list[torch.Tensor], weight: torch.Tensor) -> list[torch.Tensor]:
+    """fn's output and the gradients of sum(output * weight) w.r.t. q, k, v, gk."""
+    leaves = [x.detach().clone().requires_grad_() for x in inputs]
+    o = fn(*leaves)
+    grads = torch.autograd.grad((o.float() * weight).sum(), leaves)
+    return [o.detach(), *grads]
+
+
+def check_against_recurrence(mode: str, T: int, dtype: torch.dtype) -> None:
+    """Assert the dispatcher's output and gradients match the fp64 torch recurrence within TOL[dtype]."""
+    inputs = make_inputs(T, dtype)
+    weight = torch.randn_like(inputs[2], dtype=torch.float32)
+    scale = 0.1
+    got = output_and_grads(lambda *x: gated_linear_attention(*x, scale=scale, mode=mode), inputs, weight)
+    ref = output_and_grads(
+        lambda *x: gla_recurrent(*(t.double() for t in x), scale=scale)[0], inputs, weight.double()
+    )
+    assert got[0].dtype == dtype and got[0].shape == inputs[2].shape
+    for name, g, r in zip(("o", "dq", "dk", "dv", "dgk"), got, ref, strict=True):
+        assert torch.isfinite(g).all(), name
+        assert rel_err(g, r) < TOL[dtype], (name, rel_err(g, r))
+
+
+@pytest.mark.parametrize("T", LENGTHS)
+@pytest.mark.parametrize(
+    ("mode", "dtype"),
+    [
+        ("chunk", torch.bfloat16),
+        ("fused_recurrent", torch.float32),
+        ("fused_recurrent", torch.bfloat16),
+        ("auto", torch.float32),
+        ("auto", torch.bfloat16),
+        ("torch", torch.float32),
+        ("torch", torch.bfloat16),
+    ],
+    ids=str,
+)
+def test_dispatcher_matches_recurrence(mode: str, dtype: torch.dtype, T: int) -> None:
+    check_against_recurrence(mode, T, dtype)
+
+
+def test_fla_chunk_fp32_matches_recurrence() -> None:
+    """fla's chunk_gla on fp32, in a child process: its known fault there would poison this CUDA context."""
+    code = (
+        f"import sys, torch; sys.path.insert(0, {str(Path(__file__).parent)!r}); import test_gla_gpu as t\n"
+        f"for T in {LENGTHS}: t.check_against_recurrence('chunk', T, torch.float32)"
+    )
+    run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=900)
+    if run.returncode and CHUNK_FP32_FAULT in run.stderr:
+        pytest.xfail(f"fla chunk_gla faults on fp32 inputs here ({CHUNK_FP32_FAULT}); 'auto' avoids it")
+    assert run.returncode == 0, run.stderr[-4000:]
