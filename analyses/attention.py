@@ -1,32 +1,24 @@
 """Attention matrices of every block, class-token maps and attention rollout, for GLA and softmax models alike.
 
-A GLA block has no attention matrix in its forward, but its output is exactly o = A @ v with the implicit
-attention A[t, s] = scale * sum_k q_t[k] k_s[k] exp(G_t[k] - G_s[k]) for s <= t (G the cumulative log gate),
-computed from the captured hook_q / hook_k / hook_gk. A is causal and signed, and its rows need not sum to 1.
-Softmax blocks (rbfKAT, ViT-5, timm ViT) give their probabilities through hook_pattern. The class token is
+Every attention layer exposes its pattern as the hook point `blocks.{i}.attn.hook_pattern` [B,H,T,T]: softmax
+probabilities (rbfKAT, ViT-5, timm ViT) or, for a GLA block, its exact implicit attention
+A[t, s] = scale * sum_k q_t[k] k_s[k] exp(G_t[k] - G_s[k]) for s <= t (G the cumulative log gate), which is
+causal and signed, with rows that need not sum to 1. While hooked, a layer computes its output as pattern @ v
+(equal to the fused kernels up to float rounding), so the pattern is in the autograd graph. The class token is
 last in LKAT/rbfKAT and first in ViT-5/timm ViT: positions always come from `model.token_layout`.
 
 Rollout (Abnar & Zuidema; Chefer et al. for the gradient-weighted form): per block M = rownorm(I + Ā), with
 Ā the head mean of |A| ("attention") or of (∂y_c/∂A ⊙ A)^+ ("gradient"), and the rollout is M_L ⋯ M_1.
-
-∂y_c/∂A needs A inside the forward graph. `explicit_attention()` makes it so: while it is active, every GLA
-call of an LKAT layer (`gated_linear_attention`) and every `F.scaled_dot_product_attention` call runs as
-A @ v with A materialised from the layer's own q, k (and gk). This computes the same function as the fused
-kernels (outputs agree to float rounding), so the gradients are exact for the model.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
-from contextlib import contextmanager
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import torch
-import torch.nn.functional as F
-from lkat_lens.kernels.gla import implicit_attention, implicit_attention_row
-from lkat_lens.models import attention as attention_layers
-from lkat_lens.models.hooks import ActivationCache, HookedModel
+from lkat_lens.models.hooks import HookedModel, HookPoint
 
 from .tokens import layout_dict
 
@@ -34,34 +26,36 @@ METHODS = ("attention", "gradient")
 
 
 def attention_kinds(model: HookedModel) -> list[str]:
-    """Per block, "gla" (GLA layer: hook_gk) or "softmax" (hook_pattern)."""
+    """Per block, "gla" (GLA layer: it has hook_gk) or "softmax"."""
     points = model.hook_points()
     kinds = []
     for i in range(len(model.blocks)):
-        if f"blocks.{i}.attn.hook_gk" in points:
-            kinds.append("gla")
-        elif f"blocks.{i}.attn.hook_pattern" in points:
-            kinds.append("softmax")
-        else:
-            raise ValueError(f"block {i} of {type(model).__name__} has no attention hook points (hook_gk/hook_pattern)")
+        if _pattern_name(i) not in points:
+            raise ValueError(f"block {i} of {type(model).__name__} has no attention hook point (hook_pattern)")
+        kinds.append("gla" if f"blocks.{i}.attn.hook_gk" in points else "softmax")
     return kinds
 
 
-def _hook_names(block: int, kind: str) -> list[str]:
-    """Hooks that determine a block's attention matrix."""
-    shorts = ("q", "k", "gk") if kind == "gla" else ("pattern",)
-    return [f"blocks.{block}.attn.hook_{s}" for s in shorts]
+def _pattern_name(block: int) -> str:
+    return f"blocks.{block}.attn.hook_pattern"
 
 
-def _gla_inputs(cache: ActivationCache, block: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Captured (q, k, gk) of a GLA block."""
-    return tuple(cache[name] for name in _hook_names(block, "gla"))
+def _patterns(
+    model: HookedModel,
+    images: torch.Tensor,
+    blocks: list[int],
+    keep: Callable[[torch.Tensor], torch.Tensor] = lambda pattern: pattern,
+) -> list[torch.Tensor]:
+    """`keep` of each selected block's attention pattern, in block order, from one forward without gradients."""
+    names = [_pattern_name(i) for i in blocks]
+    found: dict[str, torch.Tensor] = {}
 
+    def record(pattern: torch.Tensor, hook: HookPoint) -> None:
+        found[hook.name] = keep(pattern)
 
-def _run(model: HookedModel, images: torch.Tensor, blocks: list[int], kinds: list[str]) -> ActivationCache:
-    """One forward caching what the attention of `blocks` needs."""
-    names = [n for i in blocks for n in _hook_names(i, kinds[i])]
-    return model.run_with_cache(images, names=names)[1]
+    with torch.no_grad(), model.hooks(fwd_hooks=[(set(names).__contains__, record)]):
+        model(images)
+    return [found[n] for n in names]
 
 
 def _select_blocks(model: HookedModel, blocks: Sequence[int] | None) -> tuple[list[int], list[str]]:
@@ -78,7 +72,7 @@ def _grid(model: HookedModel) -> tuple[int, int]:
 class AttentionMatrices:
     """Attention matrix of each selected block: GLA implicit attention or softmax probabilities."""
 
-    matrices: torch.Tensor  # [L, B, H, T, T] fp32, row = query token, column = key token
+    matrices: torch.Tensor  # [L, B, H, T, T] fp32 (fp64 for an fp64 GLA model), row = query token, column = key token
     blocks: list[int]
     kinds: list[str]  # per selected block
     layout: dict[str, slice]
@@ -106,15 +100,8 @@ def attention_matrices(
 ) -> AttentionMatrices:
     """Full attention matrices [L, B, H, T, T] of the selected blocks (all by default), from one forward."""
     blocks, kinds = _select_blocks(model, blocks)
-    cache = _run(model, images, blocks, kinds)
-    mats = []
-    for i in blocks:
-        if kinds[i] == "gla":
-            mats.append(implicit_attention(*_gla_inputs(cache, i), scale=model.blocks[i].attn.scale))
-        else:
-            mats.append(cache[f"blocks.{i}.attn.hook_pattern"].float())
     return AttentionMatrices(
-        matrices=torch.stack(mats),
+        matrices=torch.stack(_patterns(model, images, blocks)),
         blocks=blocks,
         kinds=[kinds[i] for i in blocks],
         layout=model.token_layout,
@@ -126,7 +113,7 @@ def attention_matrices(
 class ClsAttention:
     """The class token's attention row of each selected block: what the class token reads."""
 
-    rows: torch.Tensor  # [L, B, H, T] fp32
+    rows: torch.Tensor  # [L, B, H, T] fp32 (fp64 for an fp64 GLA model)
     blocks: list[int]
     kinds: list[str]
     layout: dict[str, slice]
@@ -161,17 +148,11 @@ class ClsAttention:
 
 
 def cls_attention(model: HookedModel, images: torch.Tensor, blocks: Sequence[int] | None = None) -> ClsAttention:
-    """Class-token attention rows [L, B, H, T] of the selected blocks (GLA rows without building A)."""
+    """Class-token attention rows [L, B, H, T] of the selected blocks (only the rows are kept)."""
     blocks, kinds = _select_blocks(model, blocks)
-    cache = _run(model, images, blocks, kinds)
     layout = model.token_layout
     cls = layout["cls"].start
-    rows = []
-    for i in blocks:
-        if kinds[i] == "gla":
-            rows.append(implicit_attention_row(*_gla_inputs(cache, i), t=cls, scale=model.blocks[i].attn.scale))
-        else:
-            rows.append(cache[f"blocks.{i}.attn.hook_pattern"][..., cls, :].float())
+    rows = _patterns(model, images, blocks, keep=lambda pattern: pattern[..., cls, :].clone())
     return ClsAttention(
         rows=torch.stack(rows), blocks=blocks, kinds=[kinds[i] for i in blocks], layout=layout, grid_size=_grid(model)
     )
@@ -189,64 +170,11 @@ def rollout(attention: torch.Tensor, gradients: torch.Tensor | None = None) -> t
     return joint
 
 
-@contextmanager
-def _swapped(owner: Any, name: str, value: Any) -> Iterator[None]:
-    """Temporarily replace attribute `name` of `owner`."""
-    original = getattr(owner, name)
-    setattr(owner, name, value)
-    try:
-        yield
-    finally:
-        setattr(owner, name, original)
-
-
-@contextmanager
-def explicit_attention() -> Iterator[list[torch.Tensor]]:
-    """Within the block, GLA and SDPA attention run as A @ v; yields the list the matrices A [B,H,T,T] go to, in order.
-
-    Patches `lkat_lens.models.attention.gated_linear_attention` and `torch.nn.functional.scaled_dot_product_attention`
-    (process-wide) while active.
-    """
-    recorded: list[torch.Tensor] = []
-
-    def gla(
-        q: torch.Tensor,
-        k: torch.Tensor,
-        v: torch.Tensor,
-        gk: torch.Tensor,
-        scale: float | None = None,
-        mode: str = "auto",
-    ) -> torch.Tensor:
-        a = implicit_attention(q, k, gk, scale=scale)
-        recorded.append(a)
-        return (a @ v.transpose(1, 2).to(a.dtype)).transpose(1, 2).to(q.dtype)
-
-    def sdpa(
-        q: torch.Tensor,
-        k: torch.Tensor,
-        v: torch.Tensor,
-        attn_mask: torch.Tensor | None = None,
-        dropout_p: float = 0.0,
-        is_causal: bool = False,
-        scale: float | None = None,
-        enable_gqa: bool = False,
-    ) -> torch.Tensor:
-        if attn_mask is not None or is_causal or dropout_p or enable_gqa:
-            raise ValueError("explicit attention supports plain bidirectional attention in eval mode only")
-        scale = q.shape[-1] ** -0.5 if scale is None else scale
-        a = torch.softmax((q @ k.transpose(-1, -2)).float() * scale, dim=-1)
-        recorded.append(a)
-        return a.to(v.dtype) @ v
-
-    with _swapped(attention_layers, "gated_linear_attention", gla), _swapped(F, "scaled_dot_product_attention", sdpa):
-        yield recorded
-
-
 @dataclass
 class AttentionGradients:
     """Every block's attention matrix and the gradient of the target logit with respect to it."""
 
-    attention: torch.Tensor  # [L, B, H, T, T] fp32 (fp64 for an fp64 model)
+    attention: torch.Tensor  # [L, B, H, T, T] fp32 (fp64 for an fp64 GLA model)
     gradients: torch.Tensor  # [L, B, H, T, T] ∂ logits[b, target[b]] / ∂A
     logits: torch.Tensor  # [B, C]
     target: torch.Tensor  # [B] class index per image
@@ -271,19 +199,14 @@ def _targets(logits: torch.Tensor, target: int | torch.Tensor | None) -> torch.T
 def attention_gradients(
     model: HookedModel, images: torch.Tensor, target: int | torch.Tensor | None = None
 ) -> AttentionGradients:
-    """Attention matrices of all blocks and ∂ logit_target / ∂A, from one forward and backward with A explicit."""
-    depth = len(attention_kinds(model))
-    with torch.enable_grad(), explicit_attention() as recorded:
-        logits = model(images.detach().requires_grad_(True))
-    if len(recorded) != depth:
-        raise RuntimeError(
-            f"materialised {len(recorded)} attention matrices for {depth} blocks; the model's attention must go "
-            "through gated_linear_attention or F.scaled_dot_product_attention (timm: keep fused attention on)"
-        )
+    """Attention matrices of all blocks and ∂ logit_target / ∂A, from one forward and backward through hook_pattern."""
+    names = [_pattern_name(i) for i in range(len(attention_kinds(model)))]
+    logits, cache = model.run_with_cache(images.detach().requires_grad_(True), names=names, grad=True)
+    patterns = [cache[n] for n in names]
     chosen = _targets(logits, target)
-    grads = torch.autograd.grad(logits.gather(1, chosen[:, None]).sum(), recorded)
+    grads = torch.autograd.grad(logits.gather(1, chosen[:, None]).sum(), patterns)
     return AttentionGradients(
-        attention=torch.stack([a.detach() for a in recorded]),
+        attention=torch.stack([a.detach() for a in patterns]),
         gradients=torch.stack(grads),
         logits=logits.detach(),
         target=chosen,

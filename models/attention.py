@@ -1,10 +1,16 @@
-"""Token mixers: vision Gated Linear Attention (LKAT) and multi-head self-attention (rbfKAT)."""
+"""Token mixers: vision Gated Linear Attention (LKAT) and multi-head self-attention (rbfKAT).
+
+Every layer's attention pattern is the hook point `hook_pattern` [B,H,T,T]. With no hook attached the fused
+kernels run (GLA, SDPA) and no pattern is built; once hooked, the pattern is materialised in fp32, passed
+through the hook point and used as o = pattern @ v, so hooks read, replace or edit it and gradients reach it.
+GLA's pattern is its exact implicit attention (causal, signed, rows not normalised; fp64 for fp64 inputs).
+"""
 
 from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
-from lkat_lens.kernels.gla import gated_linear_attention
+from lkat_lens.kernels.gla import gated_linear_attention, implicit_attention
 from timm.layers import RmsNorm
 from torch import nn
 
@@ -22,6 +28,16 @@ class ShortConvolution(nn.Conv1d):
         """x: [B, T, D] -> [B, T, D]."""
         y = super().forward(x.transpose(1, 2))[..., : x.shape[1]]
         return F.silu(y.transpose(1, 2))
+
+
+def softmax_attention(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float, hook_pattern: HookPoint, dropout: float = 0.0
+) -> torch.Tensor:
+    """Softmax attention [B,H,T,dv] of heads-first q, k, v; with `hook_pattern` hooked, o = hook_pattern(P) @ v."""
+    if not hook_pattern.active:
+        return F.scaled_dot_product_attention(q, k, v, dropout_p=dropout, scale=scale)
+    pattern = hook_pattern(torch.softmax((q @ k.transpose(-1, -2)).float() * scale, dim=-1))
+    return F.dropout(pattern.to(v.dtype), dropout, training=dropout > 0) @ v
 
 
 class VisionGLA(nn.Module):
@@ -62,12 +78,19 @@ class VisionGLA(nn.Module):
         self.g_norm = nn.LayerNorm(self.head_dim)
         self.rotary = Rope2D(grid, self.head_dim, rope_theta)
         self.hook_q, self.hook_k, self.hook_v = HookPoint(), HookPoint(), HookPoint()
-        self.hook_gk, self.hook_out = HookPoint(), HookPoint()
+        self.hook_gk, self.hook_pattern, self.hook_out = HookPoint(), HookPoint(), HookPoint()
 
     @property
     def scale(self) -> float:
         """Query scale head_dim^-1/2."""
         return self.head_dim**-0.5
+
+    def mix(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, gk: torch.Tensor) -> torch.Tensor:
+        """GLA output [B,T,H,V]; with hook_pattern hooked, hook_pattern(A) @ v for the implicit attention A."""
+        if not self.hook_pattern.active:
+            return gated_linear_attention(q, k, v, gk, scale=self.scale, mode=self.mode)
+        pattern = self.hook_pattern(implicit_attention(q, k, gk, scale=self.scale))
+        return (pattern @ v.transpose(1, 2).to(pattern.dtype)).transpose(1, 2).to(v.dtype)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         heads = (self.num_heads, self.head_dim)
@@ -77,7 +100,7 @@ class VisionGLA(nn.Module):
         q = self.hook_q(self.rotary(self.q_norm(q)))
         k = self.hook_k(self.rotary(self.k_norm(k)))
         gk = self.hook_gk(F.logsigmoid(self.gk_proj(x).float()).unflatten(-1, heads) / self.gate_logit_normalizer)
-        o = gated_linear_attention(q, k, v, gk, scale=self.scale, mode=self.mode)
+        o = self.mix(q, k, v, gk)
         o = self.g_norm(o).flatten(-2) * F.silu(self.g_proj(x))
         return self.hook_out(self.o_proj(o))
 
@@ -111,10 +134,5 @@ class VisionMHSA(nn.Module):
         k = self.hook_k(self.rotary(self.k_norm(k)))
         v = self.hook_v(v)
         q, k, v = (t.transpose(1, 2) for t in (q, k, v))
-        drop = self.attn_drop if self.training else 0.0
-        if self.hook_pattern.active:
-            pattern = self.hook_pattern(torch.softmax((q @ k.transpose(-1, -2)).float() * self.scale, dim=-1))
-            o = F.dropout(pattern.to(v.dtype), drop, self.training) @ v
-        else:
-            o = F.scaled_dot_product_attention(q, k, v, dropout_p=drop, scale=self.scale)
+        o = softmax_attention(q, k, v, self.scale, self.hook_pattern, self.attn_drop if self.training else 0.0)
         return self.hook_out(self.proj(o.transpose(1, 2).flatten(-2)))

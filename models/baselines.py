@@ -10,8 +10,8 @@ model gains the HookedModel interface (list_hooks, hooks(...), run_with_cache(..
     blocks.{i}.attn.hook_out        [B,T,D]   attention output after proj, before LayerScale (ViT)
     hook_final                      [B,T,D]   tokens after the final `model.norm`
 
-When a hook on hook_pattern replaces or edits the pattern in place, the attention output is recomputed
-from it (so patching takes effect); a hook that only reads it leaves the fused-SDPA output untouched.
+Once hook_pattern is hooked, the attention output is recomputed from the hooked pattern (o = pattern @ v), so
+the pattern is in the autograd graph and a hook that replaces or edits it changes the output.
 The hooked class is made at attach time: save the state_dict (as checkpoints do), not the pickled module.
 """
 
@@ -26,7 +26,6 @@ from timm.models.vision_transformer import Attention, VisionTransformer
 from torch import nn
 
 from .hooks import HookedModel, HookPoint
-from .vit5 import apply_pattern_hook
 
 
 class HookedTimm(HookedModel):
@@ -130,7 +129,5 @@ def _attention_hook(
             raise ValueError("hook_pattern does not support attention masks")
         x = args[0] if args else kwargs["x"]
         probs, v = attention_pattern(attn, x)
-        pattern = apply_pattern_hook(attn.hook_pattern, probs)
-        if pattern is not None:
-            output = attend(attn, x, pattern, v)
+        output = attend(attn, x, attn.hook_pattern(probs), v)
     return attn.hook_out(output)

@@ -6,7 +6,7 @@ Parameter and buffer names follow the reference implementation (`reg_token`, `ga
 
 Hook points: hook_embed, blocks.{i}.hook_resid_pre/mid/post [B,T,D], blocks.{i}.attn.hook_q/k (after QK norm
 and RoPE) / hook_v [B,T,H,dh], blocks.{i}.attn.hook_pattern [B,H,T,T] (fp32 softmax, computed only when
-hooked; a hook that replaces or edits it in place changes the attention output), blocks.{i}.attn.hook_out
+hooked, then used as o = pattern @ v: hooks read, replace or edit it), blocks.{i}.attn.hook_out
 [B,T,D] (after proj, before LayerScale), hook_final (after the final norm).
 """
 
@@ -16,11 +16,11 @@ import math
 from typing import Any
 
 import torch
-import torch.nn.functional as F
 from timm.layers import DropPath, Mlp, PatchEmbed, RmsNorm, apply_rot_embed, trunc_normal_
 from timm.models import register_model
 from torch import nn
 
+from .attention import softmax_attention
 from .hooks import HookedModel, HookPoint
 
 # timm registry names (registered at import) -> architecture defaults; paper Table "results-cls" ViT-5-*.
@@ -31,17 +31,6 @@ VIT5_VARIANTS: dict[str, dict[str, Any]] = {
     "vit5_base_patch16_224": dict(embed_dim=768, depth=12, num_heads=12),
     "vit5_large_patch16_224": dict(embed_dim=1024, depth=24, num_heads=16),
 }
-
-
-def apply_pattern_hook(hook: HookPoint, pattern: torch.Tensor) -> torch.Tensor | None:
-    """Run `hook` on an attention pattern: the pattern to attend with if hooks changed its values, else None.
-
-    Read-only hooks thus leave the fused attention path, and the outputs, bit-identical; a copy taken before
-    the hook runs detects in-place edits (also under inference_mode, where tensors have no version counter).
-    """
-    before = pattern.clone()
-    hooked = hook(pattern)
-    return None if torch.equal(hooked, before) else hooked
 
 
 def _square_side(count: int, what: str) -> int:
@@ -126,15 +115,7 @@ class ViT5Attention(nn.Module):
         k = self.hook_k(self.rotate(self.k_norm(k)))
         v = self.hook_v(v)
         q, k, v = (t.transpose(1, 2) for t in (q, k, v))
-        drop = self.attn_drop if self.training else 0.0
-        pattern = None
-        if self.hook_pattern.active:
-            probs = torch.softmax((q @ k.transpose(-1, -2)).float() * self.scale, dim=-1)
-            pattern = apply_pattern_hook(self.hook_pattern, probs)
-        if pattern is None:
-            o = F.scaled_dot_product_attention(q, k, v, dropout_p=drop, scale=self.scale)
-        else:
-            o = F.dropout(pattern.to(v.dtype), drop, self.training) @ v
+        o = softmax_attention(q, k, v, self.scale, self.hook_pattern, self.attn_drop if self.training else 0.0)
         return self.hook_out(self.proj(o.transpose(1, 2).flatten(-2)))
 
 

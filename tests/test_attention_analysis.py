@@ -13,17 +13,15 @@ from lkat_lens.analyses.attention import (
     attention_matrices,
     attention_rollout,
     cls_attention,
-    explicit_attention,
     rollout,
 )
-from lkat_lens.kernels.gla import gated_linear_attention
+from lkat_lens.kernels.gla import gated_linear_attention, implicit_attention
 from lkat_lens.models import RbfKAT
-from lkat_lens.models import attention as attention_layers
 
 import lkat_lens
 
 B, IMG = 2, 16
-SDPA = F.scaled_dot_product_attention
+PATTERNS = lambda name: name.endswith("hook_pattern")  # noqa: E731
 
 
 @pytest.fixture(scope="module")
@@ -62,10 +60,11 @@ def heads_first(x: torch.Tensor) -> torch.Tensor:
 def test_implicit_attention_times_v_is_the_gla_layer_output(lkat, images):
     mats = attention_matrices(lkat, images)
     assert mats.kinds == ["gla"] * 4 and mats.matrices.shape == (4, B, 2, 21, 21)
-    _, cache = lkat.run_with_cache(images)
+    _, cache = lkat.run_with_cache(images, names=lambda n: not PATTERNS(n))  # the fused forward
     for i, block in enumerate(lkat.blocks):
         attn = block.attn
         q, k, v, gk = (cache[f"hook_{n}", i] for n in ("q", "k", "v", "gk"))
+        torch.testing.assert_close(mats.matrices[i], implicit_attention(q, k, gk, scale=attn.scale), rtol=0, atol=1e-5)
         o = heads_first(mats.matrices[i] @ heads_first(v))
         torch.testing.assert_close(o, gated_linear_attention(q, k, v, gk, scale=attn.scale), rtol=0, atol=1e-5)
         # the rest of the layer (output norm, swish gate, o_proj) turns A @ v into the layer's own hook_out
@@ -118,7 +117,7 @@ def test_rollout_hand_computation_and_identity():
 
 def test_softmax_rollout_matches_hand_computation_on_two_layers(vit, images):
     result = attention_rollout(vit, images)
-    _, cache = vit.run_with_cache(images, names=lambda n: n.endswith("hook_pattern"))
+    _, cache = vit.run_with_cache(images, names=PATTERNS)
     p1, p2 = (cache["hook_pattern", i].mean(1) for i in range(2))
     eye = torch.eye(p1.shape[-1])
     m1, m2 = (eye + p1) / 2, (eye + p2) / 2  # softmax rows sum to 1, so rows of I + P sum to 2
@@ -141,18 +140,22 @@ def test_rollout_of_identity_attention_layers_is_the_identity(lkat, vit, images)
         joint = attention_rollout(lkat, images).joint
     torch.testing.assert_close(mats.matrices, torch.eye(21).expand_as(mats.matrices))
     torch.testing.assert_close(joint, torch.eye(21).expand(B, 21, 21))
-    with vit.hooks(fwd_hooks=[(lambda n: n.endswith("hook_pattern"), lambda p, hook: torch.eye(17).expand_as(p))]):
+    with vit.hooks(fwd_hooks=[(PATTERNS, lambda p, hook: torch.eye(17).expand_as(p))]):
         joint = attention_rollout(vit, images).joint
     assert torch.equal(joint, torch.eye(17).expand(B, 17, 17))
 
 
-def test_explicit_attention_computes_the_same_model(lkat, vit5, vit, images):
-    for model in (lkat, vit5, vit):
-        with torch.no_grad(), explicit_attention() as recorded:
-            logits = model(images)
-        torch.testing.assert_close(logits, model(images), rtol=0, atol=1e-5)
-        torch.testing.assert_close(torch.stack(recorded), attention_matrices(model, images).matrices, rtol=0, atol=1e-5)
-    assert F.scaled_dot_product_attention is SDPA and attention_layers.gated_linear_attention is gated_linear_attention
+@pytest.mark.parametrize("name", ["lkat", "rbfkat", "vit5", "vit"])
+def test_hooked_patterns_compute_the_same_model(name, request, images):
+    model = request.getfixturevalue(name)
+    plain = model(images)
+    logits, cache = model.run_with_cache(images, names=PATTERNS)
+    torch.testing.assert_close(logits, plain, rtol=0, atol=1e-5)
+    grads = attention_gradients(model, images)
+    torch.testing.assert_close(grads.logits, plain, rtol=0, atol=1e-5)
+    assert torch.equal(grads.attention, torch.stack(list(cache.values())))
+    assert torch.equal(attention_matrices(model, images).matrices, grads.attention)
+    assert not any(point.active for point in model.hook_points().values())
 
 
 def test_gla_attention_gradients_satisfy_euler_identities(lkat, images):
@@ -172,14 +175,16 @@ def test_gla_attention_gradients_satisfy_euler_identities(lkat, images):
         torch.testing.assert_close(relevance[i].sum(-2), heads_first((dv * v).sum(-1)), rtol=1e-9, atol=1e-12)
 
 
-def test_softmax_attention_gradients_equal_autograd_through_the_pattern(rbfkat, images):
+def test_softmax_attention_gradients_satisfy_the_value_identity(rbfkat, images):
     grads = attention_gradients(rbfkat, images)
-    logits, cache = rbfkat.run_with_cache(images, names=lambda n: n.endswith("hook_pattern"), grad=True)
+    logits, cache = rbfkat.run_with_cache(images, names=lambda n: n.endswith("hook_v"), grad=True)
     assert torch.equal(grads.target, logits.argmax(-1))
-    target_logit = logits.gather(1, grads.target[:, None]).sum()
-    want = torch.autograd.grad(target_logit, [cache["hook_pattern", i] for i in range(2)])
-    torch.testing.assert_close(grads.gradients, torch.stack(want), rtol=1e-4, atol=1e-7)
-    torch.testing.assert_close(grads.attention, torch.stack([p.detach() for p in cache.values()]), rtol=0, atol=1e-6)
+    dv = torch.autograd.grad(logits.gather(1, grads.target[:, None]).sum(), list(cache.values()))
+    relevance = grads.gradients * grads.attention
+    for i in range(2):
+        # o = P v is linear in v_s (column s of P), so sum_t dP[t, s] P[t, s] = sum_d dv_s[d] v_s[d]
+        want = heads_first((dv[i] * cache["hook_v", i].detach()).sum(-1))
+        torch.testing.assert_close(relevance[i].sum(-2), want, rtol=1e-4, atol=1e-7)
     json.dumps(grads.to_dict(), allow_nan=False)
 
 

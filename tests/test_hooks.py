@@ -1,7 +1,10 @@
-"""Hook points: names, shapes, no-op hooks, run_with_cache, hooks() context manager."""
+"""Hook points: names, shapes, no-op hooks, run_with_cache, hooks() context manager, the GLA attention pattern."""
+
+import copy
 
 import pytest
 import torch
+import torch.nn.functional as F
 
 import lkat_lens
 
@@ -17,6 +20,7 @@ def design_hook_shapes(depth: int) -> dict[str, tuple[int, ...]]:
         p = f"blocks.{i}."
         shapes |= {p + n: (B, T, D) for n in ("hook_resid_pre", "hook_resid_mid", "hook_resid_post", "attn.hook_out")}
         shapes |= {p + f"attn.hook_{n}": (B, T, H, DH) for n in ("q", "k", "v", "gk")}
+        shapes[p + "attn.hook_pattern"] = (B, H, T, T)
         shapes |= {p + "mlp.fc1.hook_in": (B, T, D), p + "mlp.fc1.hook_out": (B, T, 4 * D)}
         shapes |= {p + "mlp.fc2.hook_in": (B, T, 4 * D), p + "mlp.fc2.hook_out": (B, T, D)}
     return shapes
@@ -41,7 +45,7 @@ def test_run_with_cache_returns_every_hook_with_documented_shape(model, images):
     logits, cache = model.run_with_cache(images)
     expected = design_hook_shapes(DEPTH)
     assert {k: tuple(v.shape) for k, v in cache.items()} == expected
-    assert torch.equal(logits, model(images))
+    torch.testing.assert_close(logits, model(images), rtol=0, atol=1e-5)  # hook_pattern: explicit A @ v
     assert all(not v.requires_grad for v in cache.values())
     gk = cache["hook_gk", 2]
     assert (gk < 0).all()
@@ -50,9 +54,39 @@ def test_run_with_cache_returns_every_hook_with_documented_shape(model, images):
 
 def test_noop_hooks_give_bit_identical_logits(model, images):
     plain = model(images)
-    with model.hooks(fwd_hooks=[(lambda n: True, lambda t, hook: None)]):
+    with model.hooks(fwd_hooks=[(lambda n: not n.endswith("hook_pattern"), lambda t, hook: None)]):
         hooked = model(images)
     assert torch.equal(plain, hooked)
+
+
+def test_read_only_pattern_hook_keeps_logits(model, images):
+    plain = model(images)
+    with model.hooks(fwd_hooks=[(lambda n: n.endswith("hook_pattern"), lambda t, hook: None)]):
+        hooked = model(images)
+    torch.testing.assert_close(hooked, plain, rtol=0, atol=1e-5)
+
+
+def test_pattern_is_used_replaced_or_edited_and_gets_gradients(model, images):
+    model = copy.deepcopy(model)
+    attn = model.blocks[1].attn
+    with torch.no_grad():
+        attn.g_norm.bias.normal_()  # so that g_norm(0) = bias is not zero
+    _, cache = model.run_with_cache(images, names="blocks.1.")
+    assert torch.all(cache["blocks.1.attn.hook_pattern"].triu(1) == 0)
+    gate = F.silu(attn.g_proj(model.blocks[1].norm1(cache["blocks.1.hook_resid_pre"])))
+    want = attn.o_proj(attn.g_norm(torch.zeros(B, T, H, DH)).flatten(-2) * gate)  # g_norm(0) is its bias
+    assert want.abs().max() > 0.1
+
+    def edit_in_place(pattern, hook):
+        pattern.zero_()
+
+    for fn in (lambda p, hook: torch.zeros_like(p), edit_in_place):
+        with model.hooks(fwd_hooks=[("blocks.1.attn.hook_pattern", fn)]):
+            _, patched = model.run_with_cache(images, names="blocks.1.attn.hook_out")
+        torch.testing.assert_close(patched["blocks.1.attn.hook_out"], want, rtol=0, atol=1e-6)
+    logits, cache = model.run_with_cache(images, names="blocks.1.attn.hook_pattern", grad=True)
+    (grad,) = torch.autograd.grad(logits[:, 0].sum(), cache["blocks.1.attn.hook_pattern"])
+    assert grad.shape == (B, H, T, T) and grad.abs().sum() > 0
 
 
 def test_cache_indexing_by_short_name(model, images):
