@@ -1,1 +1,82 @@
-"""Pure computations on a model and inputs; each returns typed results, never figures."""
+"""Pure computations on a model and inputs; each returns typed results (dataclasses of tensors), never figures."""
+
+from .attention import (
+    AttentionGradients,
+    AttentionMatrices,
+    ClsAttention,
+    Rollout,
+    attention_gradients,
+    attention_kinds,
+    attention_matrices,
+    attention_rollout,
+    cls_attention,
+    rollout,
+)
+from .attributions import METHODS, Attribution, FaithfulnessCurves, attribute, curve_auc, deletion_insertion
+from .edge_functions import (
+    EdgeCurves,
+    EdgeFunctionSummary,
+    EdgeImportance,
+    KANAttribution,
+    LayerStatistics,
+    ShapeDiversity,
+    edge_curves,
+    edge_importance,
+    fit_edge,
+    gated_branch,
+    kan_attribution,
+    kan_layers,
+    layer_statistics,
+    shape_diversity,
+    summarize_edge_functions,
+)
+from .gates import GateStats, gate_statistics, half_life
+from .probes import ProbeResults, linear_probes
+from .symbolic import LIBRARY as SYMBOLIC_LIBRARY
+from .symbolic import SymbolicFitResult, fit_symbolic
+from .tokens import TokenNorms, outlier_threshold, token_norms
+
+__all__ = [
+    "METHODS",
+    "SYMBOLIC_LIBRARY",
+    "AttentionGradients",
+    "AttentionMatrices",
+    "Attribution",
+    "ClsAttention",
+    "EdgeCurves",
+    "EdgeFunctionSummary",
+    "EdgeImportance",
+    "FaithfulnessCurves",
+    "GateStats",
+    "KANAttribution",
+    "LayerStatistics",
+    "ProbeResults",
+    "Rollout",
+    "ShapeDiversity",
+    "SymbolicFitResult",
+    "TokenNorms",
+    "attention_gradients",
+    "attention_kinds",
+    "attention_matrices",
+    "attention_rollout",
+    "attribute",
+    "cls_attention",
+    "curve_auc",
+    "deletion_insertion",
+    "edge_curves",
+    "edge_importance",
+    "fit_edge",
+    "fit_symbolic",
+    "gate_statistics",
+    "gated_branch",
+    "half_life",
+    "kan_attribution",
+    "kan_layers",
+    "layer_statistics",
+    "linear_probes",
+    "outlier_threshold",
+    "rollout",
+    "shape_diversity",
+    "summarize_edge_functions",
+    "token_norms",
+]

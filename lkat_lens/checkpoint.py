@@ -90,16 +90,33 @@ def read_checkpoint(path: str | os.PathLike) -> dict[str, Any]:
     try:
         obj = torch.load(path, map_location="cpu", weights_only=True)
     except pickle.UnpicklingError as err:
+        detail = _unpickler_detail(str(err))
+        if "global" not in detail.lower():
+            raise CheckpointError(_unreadable(path, detail)) from None
         raise CheckpointError(
             f"refusing to load {path}: it holds Python objects other than tensors and plain containers "
-            f"(only weights-only checkpoints are loaded; the file may run code when unpickled). Detail: "
-            f"{str(err).splitlines()[0]}"
+            f"({detail}); only weights-only checkpoints are loaded, since such a file may run code when unpickled"
         ) from None
     except (RuntimeError, EOFError, zipfile.BadZipFile, OSError, ValueError, KeyError) as err:
-        raise CheckpointError(f"{path} is not a readable torch checkpoint (truncated or corrupt?): {err}") from None
+        raise CheckpointError(_unreadable(path, err)) from None
     if not isinstance(obj, dict):
         raise CheckpointError(f"{path} holds a {type(obj).__name__}, not a checkpoint dict")
     return obj
+
+
+def _unreadable(path: Path, detail: object) -> str:
+    return f"{path} is not a readable torch checkpoint (truncated or corrupt?): {detail}"
+
+
+def _unpickler_detail(message: str) -> str:
+    """The informative line of torch's weights-only unpickler error (a blocked global, if one is named)."""
+    lines = [line.strip() for line in message.splitlines() if line.strip()]
+    named_global = [line for line in lines if "global" in line.lower()]
+    if named_global:
+        return named_global[0]
+    boilerplate = ("Weights only load failed", "Please file", "Check the")
+    informative = [line for line in lines if not line.startswith(boilerplate)]
+    return (informative[0].split("WeightsUnpickler error:")[-1].strip() or informative[-1]) if informative else lines[0]
 
 
 def is_lkat_checkpoint(obj: dict[str, Any]) -> bool:

@@ -7,6 +7,8 @@ import json
 import sys
 from collections.abc import Callable, Sequence
 
+import torch
+
 from lkat_lens.checkpoint import CheckpointError
 
 UserError = (CheckpointError, FileNotFoundError, ValueError)
@@ -29,6 +31,22 @@ def cmd_info(args: argparse.Namespace) -> None:
     print(json.dumps(card, indent=2, default=str))
 
 
+def cmd_analyze(args: argparse.Namespace) -> None:
+    """Run every analysis on a sample of the checkpoint's data and write a JSON report."""
+    from lkat_lens.checkpoint import load
+    from lkat_lens.report import analyze, load_sample, write_report
+
+    torch.manual_seed(args.seed)
+    model, info = load(args.checkpoint, variant=args.variant)
+    if not info.data:
+        raise ValueError(f"{args.checkpoint} records no dataset or normalisation; analyze needs a lkat-lens checkpoint")
+    sample = load_sample(info.data, "val", args.num_images, name=args.data, data_dir=args.data_dir)
+    probe_train = load_sample(info.data, "train", args.probe_images, name=args.data, data_dir=args.data_dir)
+    report = analyze(model, info, sample, probe_train, attribution_images=args.attribution_images)
+    write_report(report, args.out)
+    print(f"wrote {args.out} ({', '.join(k for k in report if k not in ('checkpoint', 'model', 'data', 'sample'))})")
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser with every subcommand."""
     parser = argparse.ArgumentParser(prog="lkat-lens", description=__doc__)
@@ -37,6 +55,18 @@ def build_parser() -> argparse.ArgumentParser:
     info.add_argument("checkpoint")
     info.add_argument("--variant", help="registry name, for a reference-code state_dict")
     info.set_defaults(func=cmd_info)
+
+    analyze = sub.add_parser("analyze", help="run every analysis and write a JSON report")
+    analyze.add_argument("checkpoint")
+    analyze.add_argument("--data", help="dataset name (default: the checkpoint's)")
+    analyze.add_argument("--data-dir", default="data", help="where cifar/imagefolder data live")
+    analyze.add_argument("--num-images", type=int, default=64, help="held-out images analysed")
+    analyze.add_argument("--probe-images", type=int, default=256, help="training images the probes fit on")
+    analyze.add_argument("--attribution-images", type=int, default=4)
+    analyze.add_argument("--seed", type=int, default=0)
+    analyze.add_argument("--variant", help="registry name, for a reference-code state_dict")
+    analyze.add_argument("--out", default="report.json")
+    analyze.set_defaults(func=cmd_analyze)
     return parser
 
 

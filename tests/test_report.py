@@ -1,0 +1,54 @@
+"""`lkat-lens analyze` and `lkat-lens info` on a real digits checkpoint."""
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from lkat_lens import cli
+
+SECTIONS = {"edge_functions", "gates", "cls_attention", "rollout", "tokens", "attributions", "probes"}
+
+
+def strict_json(path):
+    def refuse(constant):
+        raise ValueError(f"non-standard JSON constant {constant}")
+
+    return json.loads(path.read_text(), parse_constant=refuse)
+
+
+def test_analyze_writes_every_analysis(digits_checkpoint, tmp_path, capsys):
+    out = tmp_path / "report.json"
+    argv = [str(digits_checkpoint), "--num-images", "16", "--probe-images", "48", "--attribution-images", "2",
+            "--out", str(out)]
+    assert cli.main(["analyze", *argv]) == 0
+    report = strict_json(out)
+    assert SECTIONS <= set(report)
+    depth = 4
+    assert report["model"]["name"] == "lkat_micro" and report["sample"]["images"] == 16
+    assert 0.0 <= report["sample"]["top1"] <= 1.0
+    assert len(report["edge_functions"]["layers"]) == 2 * depth
+    assert report["gates"]["blocks"] == list(range(depth))
+    assert len(report["probes"]["test_accuracy"]["cls"]) == depth + 1
+    assert report["probes"]["num_test"] == 16 and report["probes"]["num_train"] == 48
+    faith = report["attributions"]["faithfulness"]
+    assert len(faith["deletion_auc"]) == 2 and all(0.0 <= a <= 1.0 for a in faith["deletion_auc"])
+    assert len(report["tokens"]["mean_norm"]["patches"]) == depth + 1
+    assert "wrote" in capsys.readouterr().out
+
+
+def test_info_prints_the_model_card(digits_checkpoint, capsys):
+    assert cli.main(["info", str(digits_checkpoint)]) == 0
+    card = json.loads(capsys.readouterr().out)
+    assert card["model"] == "lkat_micro" and card["data"]["name"] == "digits" and card["parameters"] > 0
+
+
+@pytest.mark.parametrize("command", ["info", "analyze"])
+def test_bad_checkpoint_exits_2_with_one_line(tmp_path, command):
+    bad = tmp_path / "bad.pt"
+    bad.write_bytes(b"not a checkpoint")
+    done = subprocess.run([sys.executable, "-m", "lkat_lens.cli", command, str(bad)], capture_output=True, text=True)
+    assert done.returncode == 2
+    assert done.stderr.count("\n") == 1 and "not a readable torch checkpoint" in done.stderr
+    assert "Traceback" not in done.stderr
