@@ -8,28 +8,15 @@ Writes benchmarks/results/bench_model-<gpu>-<date>.json and prints a markdown ta
 from __future__ import annotations
 
 import argparse
-import datetime
 import json
-import platform
 from pathlib import Path
 
 import torch
-import triton
+from common import environment  # benchmarks/ is the script folder
 
 import lkat_lens
 
 RESULTS = Path(__file__).parent / "results"
-
-
-def environment() -> dict:
-    """GPU name, versions and date stamped on every row."""
-    return {
-        "gpu": torch.cuda.get_device_name(),
-        "torch": torch.__version__,
-        "triton": triton.__version__,
-        "python": platform.python_version(),
-        "date": datetime.date.today().isoformat(),
-    }
 
 
 def time_ms(fn, warmup: int, iters: int) -> float:

@@ -10,31 +10,18 @@ differentiate it. Writes benchmarks/results/bench_rbf-<gpu>-<date>.json and prin
 from __future__ import annotations
 
 import argparse
-import datetime
 import json
-import platform
 from collections.abc import Callable
 from pathlib import Path
 
 import torch
-import triton
+from common import environment  # benchmarks/ is the script folder
 from lkat_lens.kernels.rbf import rbf_grid_linear, rbf_grid_linear_reference
 from triton.testing import do_bench
 
 RESULTS = Path(__file__).parent / "results"
 DTYPES = {"bf16": torch.bfloat16, "fp32": torch.float32}
 Op = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
-
-
-def environment() -> dict:
-    """GPU name, versions and date stamped on every row."""
-    return {
-        "gpu": torch.cuda.get_device_name(),
-        "torch": torch.__version__,
-        "triton": triton.__version__,
-        "python": platform.python_version(),
-        "date": datetime.date.today().isoformat(),
-    }
 
 
 def fwd_bwd(op: Op, x: torch.Tensor, w: torch.Tensor, dy: torch.Tensor) -> Callable[[], None]:
