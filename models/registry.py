@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from timm.models import register_model
+from torch import nn
 
 from .lkat import LKAT, RbfKAT
 
@@ -21,27 +22,31 @@ VARIANTS: dict[str, tuple[type[LKAT], dict[str, Any]]] = {
 }
 
 _TIMM_ONLY_KWARGS = ("pretrained_cfg", "pretrained_cfg_overlay", "cache_dir")
+_BUILDERS: dict[str, tuple[type[nn.Module], dict[str, Any]]] = {}
 
 
-def build_variant(name: str, pretrained: bool = False, **kwargs: Any) -> LKAT:
-    """Build a registered LKAT/rbfKAT variant; keyword arguments override its defaults."""
+def build_variant(name: str, pretrained: bool = False, **kwargs: Any) -> nn.Module:
+    """Build a registered lkat-lens variant; keyword arguments override its defaults."""
     if pretrained:
         raise ValueError(f"no pretrained weights are published for {name}; load a checkpoint with lkat_lens.load")
     for key in _TIMM_ONLY_KWARGS:
         kwargs.pop(key, None)
-    cls, defaults = VARIANTS[name]
+    cls, defaults = _BUILDERS[name]
     return cls(**{**defaults, **kwargs})
 
 
-def _register(name: str) -> None:
-    def create(pretrained: bool = False, **kwargs: Any) -> LKAT:
-        return build_variant(name, pretrained, **kwargs)
+def register_variants(variants: dict[str, tuple[type[nn.Module], dict[str, Any]]]) -> None:
+    """Put each name -> (class, default kwargs) into timm's registry."""
+    for name, (cls, defaults) in variants.items():
+        _BUILDERS[name] = (cls, defaults)
 
-    create.__name__ = create.__qualname__ = name
-    create.__doc__ = f"{name} ({VARIANTS[name][0].__name__})."
-    create.__module__ = __name__
-    register_model(create)
+        def create(pretrained: bool = False, _name: str = name, **kwargs: Any) -> nn.Module:
+            return build_variant(_name, pretrained, **kwargs)
+
+        create.__name__ = create.__qualname__ = name
+        create.__doc__ = f"{name} ({cls.__name__})."
+        create.__module__ = __name__
+        register_model(create)
 
 
-for _name in VARIANTS:
-    _register(_name)
+register_variants(VARIANTS)

@@ -17,11 +17,11 @@ from typing import Any
 
 import torch
 from timm.layers import DropPath, Mlp, PatchEmbed, RmsNorm, apply_rot_embed, trunc_normal_
-from timm.models import register_model
 from torch import nn
 
 from .attention import softmax_attention
 from .hooks import HookedModel, HookPoint
+from .registry import register_variants
 
 # timm registry names (registered at import) -> architecture defaults; paper Table "results-cls" ViT-5-*.
 VIT5_VARIANTS: dict[str, dict[str, Any]] = {
@@ -279,27 +279,4 @@ class ViT5(HookedModel):
         return self.forward_head(self.forward_features(x))
 
 
-_TIMM_ONLY_KWARGS = ("pretrained_cfg", "pretrained_cfg_overlay", "cache_dir")
-
-
-def build_vit5(name: str, pretrained: bool = False, **kwargs: Any) -> ViT5:
-    """Build a registered ViT-5 variant; keyword arguments override its defaults."""
-    if pretrained:
-        raise ValueError(f"no pretrained weights are published for {name}; load a checkpoint instead")
-    for key in _TIMM_ONLY_KWARGS:
-        kwargs.pop(key, None)
-    return ViT5(**{**VIT5_VARIANTS[name], **kwargs})
-
-
-def _register(name: str) -> None:
-    def create(pretrained: bool = False, **kwargs: Any) -> ViT5:
-        return build_vit5(name, pretrained, **kwargs)
-
-    create.__name__ = create.__qualname__ = name
-    create.__doc__ = f"{name} (ViT-5)."
-    create.__module__ = __name__
-    register_model(create)
-
-
-for _name in VIT5_VARIANTS:
-    _register(_name)
+register_variants({name: (ViT5, defaults) for name, defaults in VIT5_VARIANTS.items()})

@@ -1,9 +1,11 @@
-"""Shared fixtures: a real (short) digits training run whose checkpoint several tests read."""
+"""Shared fixtures: a real (short) digits training run, a seeded lkat_micro and images of its size."""
 
 from pathlib import Path
 
 import pytest
+import torch
 
+import lkat_lens
 from lkat_lens import train
 
 
@@ -15,3 +17,16 @@ def digits_checkpoint(tmp_path_factory) -> Path:
             "--out-dir", str(out)]
     assert train.main(argv) == 0
     return out / "micro" / "best.pt"
+
+
+@pytest.fixture(scope="module")
+def lkat():
+    """A seeded, randomly initialised lkat_micro in eval mode (one per test module)."""
+    torch.manual_seed(0)
+    return lkat_lens.create_model("lkat_micro", num_classes=10).eval()
+
+
+@pytest.fixture(scope="module")
+def images() -> torch.Tensor:
+    """Two random 16x16 RGB images, the input size of lkat_micro."""
+    return torch.randn(2, 3, 16, 16, generator=torch.Generator().manual_seed(1))

@@ -25,12 +25,6 @@ PATTERNS = lambda name: name.endswith("hook_pattern")  # noqa: E731
 
 
 @pytest.fixture(scope="module")
-def lkat():
-    torch.manual_seed(0)
-    return lkat_lens.create_model("lkat_micro", num_classes=10).eval()
-
-
-@pytest.fixture(scope="module")
 def rbfkat():
     torch.manual_seed(1)
     return RbfKAT(img_size=IMG, patch_size=4, embed_dim=64, depth=2, num_heads=2, num_classes=10).eval()
@@ -46,11 +40,6 @@ def vit5():
 def vit():
     torch.manual_seed(3)
     return lkat_lens.create_model("vit_tiny_patch16_224", num_classes=10, img_size=IMG, patch_size=4, depth=2).eval()
-
-
-@pytest.fixture(scope="module")
-def images():
-    return torch.randn(B, 3, IMG, IMG, generator=torch.Generator().manual_seed(4))
 
 
 def heads_first(x: torch.Tensor) -> torch.Tensor:

@@ -23,17 +23,6 @@ B, C, IMG, PATCH = 2, 3, 16, 4
 GRID = IMG // PATCH
 
 
-@pytest.fixture(scope="module")
-def lkat():
-    torch.manual_seed(0)
-    return lkat_lens.create_model("lkat_micro", num_classes=10).eval()
-
-
-@pytest.fixture(scope="module")
-def images():
-    return torch.randn(B, C, IMG, IMG, generator=torch.Generator().manual_seed(1))
-
-
 def patch_mask(row: int, col: int) -> torch.Tensor:
     """[C, IMG, IMG] ones on one patch, zeros elsewhere."""
     mask = torch.zeros(C, IMG, IMG)

@@ -11,8 +11,6 @@ import torch
 from lkat_lens.analyses.gates import gate_statistics, half_life
 from lkat_lens.models import RbfKAT
 
-import lkat_lens
-
 B, IMG, N, R = 2, 16, 16, 4
 PATCH_ALPHAS = [0.5 + 0.03 * p for p in range(N)]
 REGISTER_ALPHAS = [0.8, 0.85, 0.9, 0.95]
@@ -28,29 +26,18 @@ def expected_half_life(alpha: float) -> float:
     return math.log(0.5) / f32_log(alpha).double().item()
 
 
-@pytest.fixture(scope="module")
-def model():
-    torch.manual_seed(0)
-    return lkat_lens.create_model("lkat_micro", num_classes=10).eval()
-
-
-@pytest.fixture(scope="module")
-def images():
-    return torch.randn(B, 3, IMG, IMG, generator=torch.Generator().manual_seed(1))
-
-
 def planted_gates(gk: torch.Tensor, hook) -> torch.Tensor:
     """Log gates set per token: patch p -> PATCH_ALPHAS[p], register j -> REGISTER_ALPHAS[j], class token -> 1."""
     logs = [math.log(a) for a in PATCH_ALPHAS + REGISTER_ALPHAS] + [0.0]
     return torch.tensor(logs, dtype=gk.dtype)[None, :, None, None].expand_as(gk).clone()
 
 
-def test_constant_gate_gives_its_half_life_exactly(model, images):
+def test_constant_gate_gives_its_half_life_exactly(lkat, images):
     alpha = 0.9
-    with model.hooks(
+    with lkat.hooks(
         fwd_hooks=[(lambda n: n.endswith("hook_gk"), lambda gk, hook: torch.full_like(gk, math.log(alpha)))]
     ):
-        stats = gate_statistics(model, images)
+        stats = gate_statistics(lkat, images)
     want = expected_half_life(alpha)
     assert want == pytest.approx(6.578813478960585, rel=1e-6)
     assert torch.all(stats.half_life == want)
@@ -61,9 +48,9 @@ def test_constant_gate_gives_its_half_life_exactly(model, images):
     assert stats.hist_counts.sum(-1).unique().tolist() == [B * (N + R + 1) * 32]
 
 
-def test_half_life_split_by_token_type_and_mapped_over_patches(model, images):
-    with model.hooks(fwd_hooks=[(lambda n: n.endswith("hook_gk"), planted_gates)]):
-        stats = gate_statistics(model, images)
+def test_half_life_split_by_token_type_and_mapped_over_patches(lkat, images):
+    with lkat.hooks(fwd_hooks=[(lambda n: n.endswith("hook_gk"), planted_gates)]):
+        stats = gate_statistics(lkat, images)
     assert stats.blocks == [0, 1, 2, 3]
     assert set(stats.half_life_by_type) == {"patches", "register_0", "register_1", "register_2", "register_3", "cls"}
     for j, alpha in enumerate(REGISTER_ALPHAS):
@@ -93,9 +80,9 @@ def test_half_life_function():
     assert half_life(logs).tolist() == [1.0, 0.5, math.inf, 0.0]
 
 
-def test_statistics_match_the_cached_gates(model, images):
-    stats = gate_statistics(model, images, bins=16)
-    _, cache = model.run_with_cache(images, names=lambda n: n.endswith("hook_gk"))
+def test_statistics_match_the_cached_gates(lkat, images):
+    stats = gate_statistics(lkat, images, bins=16)
+    _, cache = lkat.run_with_cache(images, names=lambda n: n.endswith("hook_gk"))
     gk = torch.stack([cache["hook_gk", i] for i in range(4)]).double()  # [L, B, T, H, dk]
     torch.testing.assert_close(stats.log_alpha, gk.mean((1, 2)), rtol=1e-12, atol=0)
     samples = gk.permute(0, 3, 4, 1, 2).flatten(3).exp()

@@ -15,20 +15,9 @@ PLANTED = (1, 6)  # image, patch
 
 
 @pytest.fixture(scope="module")
-def lkat():
-    torch.manual_seed(0)
-    return lkat_lens.create_model("lkat_micro", num_classes=10).eval()
-
-
-@pytest.fixture(scope="module")
 def vit():
     torch.manual_seed(3)
     return lkat_lens.create_model("vit_tiny_patch16_224", num_classes=10, img_size=IMG, patch_size=4, depth=2).eval()
-
-
-@pytest.fixture(scope="module")
-def images():
-    return torch.randn(B, 3, IMG, IMG, generator=torch.Generator().manual_seed(4))
 
 
 def plant(model, block: int):
