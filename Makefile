@@ -8,7 +8,7 @@ STAMP  := $(VENV)/.lkat-lens-installed
 # torch is pinned to the build this workplace ships on disk; override on other machines.
 TORCH_SPEC ?= torch==2.14.1 torchvision==0.29.1
 
-.PHONY: setup train test test-gpu lint clean
+.PHONY: setup chromium train test test-gpu lint clean
 
 $(STAMP): pyproject.toml Makefile
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -18,10 +18,13 @@ $(STAMP): pyproject.toml Makefile
 
 setup: $(STAMP)
 
+chromium:  # Debian's chromium: kaleido drives it for static figure export (and the browser tests)
+	command -v chromium >/dev/null 2>&1 || { apt-get update && apt-get install -y chromium; }
+
 train: setup
 	$(BIN)/python -m lkat_lens.train $(ARGS)
 
-test: setup
+test: setup chromium
 	$(BIN)/python -m pytest -q $(ARGS)
 
 test-gpu: setup

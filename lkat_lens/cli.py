@@ -67,6 +67,12 @@ def build_parser() -> argparse.ArgumentParser:
     analyze.add_argument("--variant", help="registry name, for a reference-code state_dict")
     analyze.add_argument("--out", default="report.json")
     analyze.set_defaults(func=cmd_analyze)
+
+    from lkat_lens import figures_cli
+
+    figs = sub.add_parser("figures", help="write edge-function grids, gate, norm, attention and attribution figures")
+    figures_cli.add_arguments(figs)
+    figs.set_defaults(func=figures_cli.cmd_figures)
     return parser
 
 

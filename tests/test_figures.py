@@ -1,0 +1,203 @@
+"""Figure builders hold the data of the analyses they draw; `lkat-lens figures` writes every file."""
+
+import argparse
+import math
+import shutil
+
+import numpy as np
+import pytest
+import torch
+from lkat_lens.analyses import attention, attributions, edge_functions, gates, tokens
+from PIL import Image
+
+from lkat_lens import figures, figures_cli
+from lkat_lens.cli import run_user_command
+
+needs_chromium = pytest.mark.skipif(shutil.which("chromium") is None, reason="needs Debian chromium for kaleido export")
+
+
+@pytest.fixture(scope="module")
+def stats(lkat, images):
+    """Statistics of every KAN layer of lkat_micro over two images."""
+    return edge_functions.layer_statistics(lkat, images)
+
+
+def test_edge_curve_figure_holds_the_curves(lkat, stats):
+    name = "blocks.1.mlp.fc1"
+    layer = edge_functions.kan_layers(lkat)[name]
+    curves, scores = figures_cli.top_edge_curves(layer, stats[name], 6)
+    expected = edge_functions.edge_curves(layer, curves.edges)
+    fig = figures.edge_curve_figure(curves, stats[name].coverage, scores=scores)
+    assert len(fig.data) == 3 * 6
+    rbf = layer.rbf
+    grid_range = [rbf.grid_min - 2 * rbf.bandwidth, rbf.grid_max + 2 * rbf.bandwidth]
+    counts = stats[name].coverage.counts.double()
+    for e in range(6):
+        shade, curve, centers = fig.data[3 * e : 3 * e + 3]
+        np.testing.assert_array_equal(curve.y, expected.values[e].numpy())
+        np.testing.assert_array_equal(curve.x, expected.x.numpy())
+        np.testing.assert_allclose(centers.x, torch.linspace(rbf.grid_min, rbf.grid_max, rbf.num_grids).numpy())
+        heights = np.asarray(shade.y)
+        np.testing.assert_allclose(heights / heights.max(), (counts / counts.max()).numpy(), rtol=1e-12)
+        axis = fig.layout[f"xaxis{'' if e == 0 else e + 1}"]
+        assert list(axis.range) == pytest.approx(grid_range, abs=1e-12)
+    assert scores == sorted(scores, reverse=True)
+    imp = edge_functions.edge_importance(layer, stats[name])
+    assert curves.edges.tolist() == [[q, p] for q, p, _ in imp.top_edges(6)]
+
+
+def test_edge_overview_has_one_trace_per_curve(lkat):
+    layers = edge_functions.kan_layers(lkat)
+    drawn = {
+        b: {s: edge_functions.edge_curves(layers[f"blocks.{b}.mlp.{s}"], [(0, 0), (1, 2)]) for s in ("fc1", "fc2")}
+        for b in (0, 1)
+    }
+    fig = figures.edge_overview_figure(drawn)
+    assert len(fig.data) == 2 * 2 * 2
+    np.testing.assert_array_equal(fig.data[3].y, drawn[0]["fc2"].values[1].numpy())
+
+
+def test_gate_figures_hold_half_lives(lkat, images):
+    stats = gates.gate_statistics(lkat, images)
+    fig = figures.gate_half_life_figure(stats)
+    maps = stats.half_life_map
+    n_blocks, n_heads = maps.shape[:2]
+    assert len(fig.data) == n_blocks * n_heads
+    for i in range(n_blocks):
+        for h in range(n_heads):
+            z = np.asarray(fig.data[i * n_heads + h].z, dtype=float)
+            ref = maps[i, h].numpy()
+            np.testing.assert_array_equal(np.isnan(z), ~np.isfinite(ref))
+            np.testing.assert_array_equal(z[np.isfinite(ref)], ref[np.isfinite(ref)])
+    heads = figures.gate_head_figure(stats)
+    by_type = stats.head_half_life_by_type
+    assert [t.name for t in heads.data] == list(by_type)
+    np.testing.assert_array_equal(np.asarray(heads.data[0].z, dtype=float), by_type["patches"].numpy())
+
+
+def test_plot_values_turn_infinity_into_gaps():
+    assert figures.as_plot_values(torch.tensor([[1.5, math.inf], [-math.inf, math.nan]])) == [[1.5, None], [None, None]]
+
+
+def test_token_norm_figure(lkat, images):
+    norms = tokens.token_norms(lkat, images)
+    fig = figures.token_norm_figure(norms)
+    groups = norms.group_norms()
+    assert [t.name for t in fig.data] == [*groups, "patch median", "outlier threshold"]
+    np.testing.assert_allclose(fig.data[0].y, groups["patches"].double().mean((1, 2)).numpy(), rtol=1e-12)
+    np.testing.assert_array_equal(fig.data[-1].y, norms.thresholds.numpy())
+
+
+def test_map_figures_hold_attention_and_attributions(lkat, images):
+    shown = figures_cli.display_images(images, {"mean": [0.5] * 3, "std": [0.25] * 3})
+    assert shown.shape == (2, 16, 16, 3) and shown.dtype == np.uint8
+    cls = attention.cls_attention(lkat, images)
+    fig = figures.cls_attention_figure(cls, shown, patch_size=(4, 4))
+    n_blocks = len(cls.blocks)
+    assert len(fig.data) == 2 * (1 + 2 * n_blocks)
+    heat = fig.data[2]  # image 0: image, then block 0's image and heatmap
+    np.testing.assert_allclose(heat.z, cls.patch_maps[0, 0].double().mean(0).numpy(), rtol=1e-12)
+    assert (heat.x0, heat.dx) == (1.5, 4)
+    ig = attributions.attribute(lkat, images, "integrated_gradients", n_steps=8)
+    fig = figures.attribution_figure(ig, shown)
+    assert len(fig.data) == 2 * 3
+    np.testing.assert_array_equal(fig.data[2].z, ig.pixel_map[0].double().numpy())
+    assert fig.layout.coloraxis.cmax == pytest.approx(float(ig.pixel_map.abs().max()))
+
+
+def test_parse_blocks():
+    assert figures_cli.parse_blocks("all", 3) == [0, 1, 2]
+    assert figures_cli.parse_blocks("2,0,2", 3) == [0, 2]
+    for bad in ("3", "a", ""):
+        with pytest.raises(ValueError):
+            figures_cli.parse_blocks(bad, 3)
+
+
+def test_builders_are_deterministic(lkat, stats):
+    name = "blocks.0.mlp.fc2"
+    layer = edge_functions.kan_layers(lkat)[name]
+    jsons = [
+        figures.edge_curve_figure(figures_cli.top_edge_curves(layer, stats[name], 4)[0], stats[name].coverage).to_json()
+        for _ in range(2)
+    ]
+    assert jsons[0] == jsons[1]
+
+
+def _expected_names(blocks: list[int]) -> list[str]:
+    curves = [f"block{b:02d}_{s}_curves" for b in blocks for s in ("fc1", "fc2")]
+    return [
+        *curves,
+        "edge_overview",
+        "gates_half_life_map",
+        "gates_half_life_heads",
+        "token_norms",
+        "cls_attention",
+        "attributions",
+    ]
+
+
+def run_figures(argv: list[str]) -> int:
+    """Run the `figures` subcommand as the CLI does (user errors exit 2)."""
+    parser = argparse.ArgumentParser(prog="lkat-lens figures")
+    figures_cli.add_arguments(parser)
+    args = parser.parse_args(argv)
+    return run_user_command(lambda: figures_cli.cmd_figures(args))
+
+
+@needs_chromium
+def test_cli_writes_every_png(digits_checkpoint, tmp_path):
+    out = tmp_path / "figs"
+    argv = [str(digits_checkpoint), "--out", str(out), "--edges", "4", "--num-images", "16", "--overlay-images", "2"]
+    assert run_figures(argv) == 0
+    names = _expected_names([0, 1, 2, 3])
+    assert sorted(p.name for p in out.iterdir()) == sorted([f"{n}.png" for n in names] + ["index.html"])
+    for n in names:
+        with Image.open(out / f"{n}.png") as img:
+            img.load()
+            assert img.format == "PNG" and img.width >= 300 and img.height >= 300, n
+    with Image.open(out / "block00_fc1_curves.png") as img:
+        assert img.size == (4 * figures.PANEL_PX + 80, figures.PANEL_PX + 120)  # one row of four panels
+    index = (out / "index.html").read_text()
+    assert all(f"src='{n}.png'" in index for n in names)
+
+
+@needs_chromium
+@pytest.mark.parametrize("fmt", ["svg", "pdf"])
+def test_vector_export_is_reproducible(lkat, images, tmp_path, fmt):
+    fig = figures.token_norm_figure(tokens.token_norms(lkat, images))
+    outs = [figures_cli.write_figures({"token_norms": fig}, tmp_path / run, fmt)[0] for run in "ab"]
+    assert outs[0].read_bytes() == outs[1].read_bytes()
+    assert outs[0].read_bytes().startswith(b"%PDF" if fmt == "pdf" else b"<svg")
+
+
+def test_cli_html_without_browser(digits_checkpoint, tmp_path, monkeypatch, capsys):
+    monkeypatch.setattr(figures_cli, "find_browser", lambda: None)
+    argv = [str(digits_checkpoint), "--blocks", "1", "--edges", "2", "--num-images", "8", "--overlay-images", "1"]
+    assert run_figures([*argv, "--format", "png", "--out", str(tmp_path / "png")]) == 2
+    assert "chromium" in capsys.readouterr().err
+    assert not (tmp_path / "png").exists()
+    runs = [tmp_path / "a", tmp_path / "b"]
+    for out in runs:
+        assert run_figures([*argv, "--format", "html", "--out", str(out)]) == 0
+    files = sorted(p.name for p in runs[0].iterdir())
+    assert files == sorted([f"{n}.html" for n in _expected_names([1])] + ["index.html", "plotly.min.js"])
+    for name in files:
+        assert (runs[0] / name).read_bytes() == (runs[1] / name).read_bytes(), name
+
+
+def test_lkat_base_edge_grids_build_fast():
+    """All 24 edge-function grids of a random-weight LKAT-B (real importance over two images) build in < 60 s."""
+    import time
+
+    import timm
+
+    torch.manual_seed(0)
+    model = timm.create_model("lkat_base_patch16_224").eval()
+    layers = figures_cli.block_layers(model, range(12))
+    names = [n for per in layers.values() for n in per.values()]
+    stats = edge_functions.layer_statistics(model, torch.randn(2, 3, 224, 224), layers=names)
+    start = time.perf_counter()
+    figs, drawn = figures_cli.edge_figures(model, stats, layers, 16, progress=False)
+    elapsed = time.perf_counter() - start
+    assert len(figs) == 24 and all(len(f.data) == 3 * 16 for f in figs.values())
+    assert elapsed < 60, f"building 24 LKAT-B grids took {elapsed:.1f} s"
