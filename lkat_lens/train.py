@@ -12,7 +12,6 @@ import argparse
 import json
 import math
 import os
-import random
 import sys
 import time
 from contextlib import AbstractContextManager, nullcontext
@@ -21,7 +20,6 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import torch
 import torch.nn.functional as F
 from timm.data import Mixup
@@ -45,6 +43,7 @@ from lkat_lens.checkpoint import (
     save_checkpoint,
 )
 from lkat_lens.models import VARIANTS, create_model
+from lkat_lens.seeding import epoch_seed, rng_state, seed_all, set_rng_state
 
 DEFAULT_MODEL = {"digits": "lkat_micro"}  # other datasets: FALLBACK_MODEL
 FALLBACK_MODEL = "lkat_tiny_patch16_224"
@@ -354,49 +353,6 @@ def fit_pos_embed(pos_embed: torch.Tensor, model: nn.Module) -> torch.Tensor:
     grid = list(model.patch_embed.grid_size)
     resized = resample_abs_pos_embed(pos_embed[:, prefix:end], grid, num_prefix_tokens=0)
     return torch.cat([pos_embed[:, :prefix], resized, pos_embed[:, end:]], dim=1)
-
-
-def seed_all(seed: int) -> None:
-    """Seed python, numpy and torch (all devices)."""
-    random.seed(seed)
-    np.random.seed(seed % 2**32)
-    torch.manual_seed(seed)
-
-
-def rng_state(device: torch.device) -> dict[str, Any]:
-    """This process's torch/CUDA/numpy/python RNG states as tensors and plain containers."""
-    np_name, np_keys, np_pos, np_has_gauss, np_gauss = np.random.get_state()
-    py_version, py_state, py_gauss = random.getstate()
-    return {
-        "torch": torch.get_rng_state(),
-        "cuda": torch.cuda.get_rng_state(device) if device.type == "cuda" else None,
-        "numpy": {
-            "name": np_name,
-            "keys": torch.from_numpy(np_keys.astype(np.int64)),
-            "pos": int(np_pos),
-            "has_gauss": int(np_has_gauss),
-            "cached_gaussian": float(np_gauss),
-        },
-        "python": {"version": py_version, "state": list(py_state), "gauss_next": py_gauss},
-    }
-
-
-def set_rng_state(state: dict[str, Any], device: torch.device) -> None:
-    """Restore what rng_state() captured."""
-    torch.set_rng_state(state["torch"])
-    if device.type == "cuda" and state["cuda"] is not None:
-        torch.cuda.set_rng_state(state["cuda"], device)
-    n = state["numpy"]
-    np.random.set_state(
-        (n["name"], n["keys"].numpy().astype(np.uint32), n["pos"], n["has_gauss"], n["cached_gaussian"])
-    )
-    p = state["python"]
-    random.setstate((p["version"], tuple(p["state"]), p["gauss_next"]))
-
-
-def epoch_seed(seed: int, epoch: int, rank: int) -> int:
-    """Seed of the data loader's generator (data-worker RNGs) for one epoch of one rank."""
-    return ((seed * 1_000_003 + epoch) * 1_009 + rank) % 2**63
 
 
 def train_one_epoch(run: Run) -> dict[str, float]:

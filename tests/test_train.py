@@ -17,7 +17,7 @@ from test_data import use_written_cifar, write_cifar, write_image_folder
 from timm.layers import resample_abs_pos_embed
 
 import lkat_lens
-from lkat_lens import create_model
+from lkat_lens import create_model, seeding
 from lkat_lens import data as lkdata
 from lkat_lens import train as lktrain
 
@@ -299,10 +299,10 @@ def test_fit_pos_embed_keeps_registers_and_class_token():
 
 
 def test_rng_state_survives_a_weights_only_round_trip(tmp_path):
-    lktrain.seed_all(5)
-    torch.save(lktrain.rng_state(torch.device("cpu")), tmp_path / "rng.pt")
+    seeding.seed_all(5)
+    torch.save(seeding.rng_state(torch.device("cpu")), tmp_path / "rng.pt")
     first = (torch.rand(3), np.random.rand(3), [random.random() for _ in range(3)], np.random.randn())
-    lktrain.set_rng_state(torch.load(tmp_path / "rng.pt", weights_only=True), torch.device("cpu"))
+    seeding.set_rng_state(torch.load(tmp_path / "rng.pt", weights_only=True), torch.device("cpu"))
     again = (torch.rand(3), np.random.rand(3), [random.random() for _ in range(3)], np.random.randn())
     assert torch.equal(first[0], again[0]) and np.array_equal(first[1], again[1])
     assert first[2] == again[2] and first[3] == again[3]
