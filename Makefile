@@ -18,8 +18,9 @@ $(STAMP): pyproject.toml Makefile
 
 setup: $(STAMP)
 
-chromium:  # Debian's chromium: kaleido drives it for static figure export (and the browser tests)
-	command -v chromium >/dev/null 2>&1 || { apt-get update && apt-get install -y chromium; }
+chromium:  # Debian's chromium (kaleido's figure export) and chromium-driver (the explorer's browser tests)
+	command -v chromium >/dev/null 2>&1 && command -v chromedriver >/dev/null 2>&1 || \
+		{ apt-get update && apt-get install -y chromium chromium-driver; }
 
 train: setup
 	$(BIN)/python -m lkat_lens.train $(ARGS)

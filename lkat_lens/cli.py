@@ -73,6 +73,12 @@ def build_parser() -> argparse.ArgumentParser:
     figs = sub.add_parser("figures", help="write edge-function grids, gate, norm, attention and attribution figures")
     figures_cli.add_arguments(figs)
     figs.set_defaults(func=figures_cli.cmd_figures)
+
+    from lkat_lens import explore_cli
+
+    explore = sub.add_parser("explore", help="serve the interactive explorer of one or more checkpoints")
+    explore_cli.add_arguments(explore)
+    explore.set_defaults(func=explore_cli.cmd_explore)
     return parser
 
 
