@@ -1,0 +1,156 @@
+"""Hostile and broken checkpoint files: refused by lkat_lens.load and the CLI with one clear message, never run."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import zipfile
+from pathlib import Path
+
+import pytest
+import torch
+
+import lkat_lens
+from lkat_lens import cli
+from lkat_lens.checkpoint import FORMAT, CheckpointError, save_checkpoint
+
+MICRO = dict(img_size=16, patch_size=4, embed_dim=64, depth=4, num_heads=2, num_classes=10)
+
+
+@pytest.fixture(scope="module")
+def micro_sd() -> dict[str, torch.Tensor]:
+    """The state_dict of a seeded lkat_micro."""
+    torch.manual_seed(0)
+    return lkat_lens.create_model("lkat_micro", num_classes=10).state_dict()
+
+
+def write_evil(path: Path, marker: Path) -> None:
+    """A checkpoint-shaped pickle whose unpickling would create `marker`."""
+
+    class Payload:
+        def __reduce__(self):
+            return (os.system, (f"touch {marker}",))
+
+    torch.save({"format": FORMAT, "model": {"name": "lkat_micro"}, "state_dict": {}, "x": Payload()}, path)
+
+
+def run_cli(*argv: str) -> subprocess.CompletedProcess:
+    """`python -m lkat_lens.cli ...` in a child process."""
+    return subprocess.run([sys.executable, "-m", "lkat_lens.cli", *argv], capture_output=True, text=True, timeout=120)
+
+
+def assert_one_line_exit_2(proc: subprocess.CompletedProcess, match: str) -> None:
+    """Exit 2, one `lkat-lens: error:` line on stderr naming the problem, no traceback."""
+    lines = proc.stderr.strip().splitlines()
+    assert proc.returncode == 2, proc.stderr
+    assert len(lines) == 1 and lines[0].startswith("lkat-lens: error:") and match in lines[0], proc.stderr
+    assert "Traceback" not in proc.stderr
+
+
+@pytest.mark.parametrize("command", ["info", "analyze"])
+def test_code_running_pickle_is_refused_by_the_cli(tmp_path, command):
+    marker, path = tmp_path / "pwned", tmp_path / "evil.pt"
+    write_evil(path, marker)
+    proc = run_cli(command, str(path), "--out", str(tmp_path / "r.json")) if command == "analyze" else run_cli(
+        command, str(path)
+    )
+    assert_one_line_exit_2(proc, "refusing to load")
+    assert not marker.exists() and not (tmp_path / "r.json").exists()
+
+
+def test_code_running_pickle_as_reference_state_dict_is_refused(tmp_path):
+    """With --variant the file is still read weights-only: the payload never runs."""
+    marker, path = tmp_path / "pwned", tmp_path / "evil.pth"
+    write_evil(path, marker)
+    with pytest.raises(CheckpointError, match="refusing to load"):
+        lkat_lens.load(path, variant="lkat_micro")
+    assert not marker.exists()
+
+
+def _zip_not_checkpoint(path: Path, sd: dict) -> None:
+    with zipfile.ZipFile(path, "w") as z:
+        z.writestr("readme.txt", "hello")
+
+
+def _random_bytes(path: Path, sd: dict) -> None:
+    path.write_bytes(os.urandom(10_000))
+
+
+def _truncated(path: Path, sd: dict) -> None:
+    save_checkpoint(path, model_name="lkat_micro", model_kwargs={"num_classes": 10}, state_dict=sd)
+    path.write_bytes(path.read_bytes()[:1000])
+
+
+def _other_architecture(path: Path, sd: dict) -> None:
+    """An rbfKAT (MHSA) state_dict labelled as lkat_micro."""
+    torch.manual_seed(0)
+    other = lkat_lens.create_model("rbfkat_tiny_patch16_224", **MICRO).state_dict()
+    save_checkpoint(path, model_name="lkat_micro", model_kwargs={"num_classes": 10}, state_dict=other)
+
+
+def _missing_keys(path: Path, sd: dict) -> None:
+    part = {k: v for k, v in sd.items() if not k.startswith("blocks.3.")}
+    save_checkpoint(path, model_name="lkat_micro", model_kwargs={"num_classes": 10}, state_dict=part)
+
+
+def _unexpected_keys(path: Path, sd: dict) -> None:
+    save_checkpoint(
+        path, model_name="lkat_micro", model_kwargs={"num_classes": 10}, state_dict={**sd, "evil.weight": torch.ones(2)}
+    )
+
+
+def _wrong_shapes(path: Path, sd: dict) -> None:
+    bad = {**sd, "pos_embed": torch.zeros(1, 7, 64)}
+    save_checkpoint(path, model_name="lkat_micro", model_kwargs={"num_classes": 10}, state_dict=bad)
+
+
+def _wrong_kwargs(path: Path, sd: dict) -> None:
+    kwargs = {"num_classes": 10, "kan_basis": "bogus"}
+    save_checkpoint(path, model_name="lkat_micro", model_kwargs=kwargs, state_dict=sd)
+
+
+def _not_a_dict(path: Path, sd: dict) -> None:
+    torch.save([torch.ones(3)], path)
+
+
+def _future_format(path: Path, sd: dict) -> None:
+    torch.save({"format": "lkat-lens/99", "model": {"name": "lkat_micro"}, "state_dict": sd}, path)
+
+
+BROKEN = {
+    "zip-not-checkpoint": (_zip_not_checkpoint, "not a readable torch checkpoint"),
+    "random-bytes": (_random_bytes, "not a readable torch checkpoint"),
+    "truncated": (_truncated, "truncated or corrupt"),
+    "other-architecture": (_other_architecture, "missing keys"),
+    "missing-keys": (_missing_keys, "missing keys (e.g. blocks.3."),
+    "unexpected-keys": (_unexpected_keys, "1 unexpected keys (e.g. evil.weight)"),
+    "wrong-shapes": (_wrong_shapes, "pos_embed: file (1, 7, 64) vs model (1, 21, 64)"),
+    "wrong-kwargs": (_wrong_kwargs, "cannot build model 'lkat_micro'"),
+    "not-a-dict": (_not_a_dict, "holds a list, not a checkpoint dict"),
+    "future-format": (_future_format, "has format 'lkat-lens/99'"),
+}
+
+
+@pytest.mark.parametrize("case", list(BROKEN))
+def test_broken_checkpoint_gives_one_clear_error(tmp_path, micro_sd, case):
+    write, match = BROKEN[case]
+    path = tmp_path / "ckpt.pt"
+    write(path, micro_sd)
+    with pytest.raises(CheckpointError) as err:
+        lkat_lens.load(path)
+    assert match in str(err.value) and "\n" not in str(err.value)
+
+
+@pytest.mark.parametrize("command", ["info", "analyze"])
+@pytest.mark.parametrize("case", ["truncated", "other-architecture", "wrong-shapes", "zip-not-checkpoint"])
+def test_cli_exits_2_with_one_line(tmp_path, micro_sd, capsys, case, command):
+    write, match = BROKEN[case]
+    path = tmp_path / "ckpt.pt"
+    write(path, micro_sd)
+    argv = [command, str(path)] + (["--out", str(tmp_path / "r.json")] if command == "analyze" else [])
+    assert cli.main(argv) == 2
+    out, err = capsys.readouterr()
+    assert out == "" and err.count("\n") == 1 and err.startswith("lkat-lens: error:") and match in err
+    assert not (tmp_path / "r.json").exists()
+
