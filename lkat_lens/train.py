@@ -57,6 +57,10 @@ class UsageError(ValueError):
     """A bad flag value or combination (a user error)."""
 
 
+class CheckpointWriteError(RuntimeError):
+    """A checkpoint could not be written (disk full, permissions); files already written are intact."""
+
+
 class NonFiniteLoss(RuntimeError):
     """The training loss became NaN or infinite."""
 
@@ -449,6 +453,15 @@ def save_run(run: Run, path: Path, rngs: list[dict[str, Any]] | None) -> None:
             scaler=run.scaler.state_dict() if run.scaler.is_enabled() else None,
             rng={"ranks": rngs},
         )
+    try:
+        _write_checkpoint(run, path, resume_state)
+    except OSError as err:
+        raise CheckpointWriteError(
+            f"could not write {path}: {err}; the checkpoints written before are intact (resume from last.pt)"
+        ) from None
+
+
+def _write_checkpoint(run: Run, path: Path, resume_state: dict[str, Any]) -> None:
     save_checkpoint(
         path,
         model_name=run.cfg["model"],
@@ -683,7 +696,7 @@ def main(argv: list[str] | None = None) -> int:
             torch.backends.cudnn.allow_tf32 = True
         train(setup_run(args, info))
         return 0
-    except (*USER_ERRORS, NonFiniteLoss, lkdist.DeviceError) as err:
+    except (*USER_ERRORS, NonFiniteLoss, CheckpointWriteError, lkdist.DeviceError) as err:
         if info is None or info.is_main:
             print(f"error: {err}", file=sys.stderr, flush=True)
         return 2

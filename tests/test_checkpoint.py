@@ -162,3 +162,10 @@ def test_reference_lkat_tiny_state_dict_loads_strictly(tmp_path, wrap):
     assert set(model.state_dict()) == set(reference_lkat_state_dict())
     logits = model(torch.randn(1, 3, 224, 224))
     assert logits.shape == (1, 1000) and torch.isfinite(logits).all()
+
+
+def test_save_removes_temp_files_left_by_a_killed_writer(tmp_path, micro):
+    stale = tmp_path / ".ckpt.pt.k1ll3d.tmp"
+    stale.write_bytes(b"half a checkpoint")
+    save_micro(micro, tmp_path / "ckpt.pt")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["ckpt.pt"]
