@@ -1,6 +1,6 @@
 # Two commands do all set-up on a fresh machine:
-#   make train   -> creates .venv, installs lkat-lens, trains lkat_micro on digits (CPU, minutes)
-#   make test    -> creates .venv, installs lkat-lens, runs the CPU test suite
+#   make train   -> creates .venv, installs lkat-lens (+ Debian chromium), trains lkat_micro on digits (CPU, ~2 min)
+#   make test    -> the same set-up, then the CPU test suite (browser tests in headless chromium)
 PYTHON ?= python3
 VENV   ?= .venv
 BIN    := $(VENV)/bin
@@ -16,7 +16,7 @@ $(STAMP): pyproject.toml Makefile
 	$(BIN)/python -m pip install -q -e '.[dev]'
 	touch $@
 
-setup: $(STAMP)
+setup: $(STAMP) chromium
 
 chromium:  # Debian's chromium (kaleido's figure export) and chromium-driver (the explorer's browser tests)
 	command -v chromium >/dev/null 2>&1 && command -v chromedriver >/dev/null 2>&1 || \
@@ -25,7 +25,7 @@ chromium:  # Debian's chromium (kaleido's figure export) and chromium-driver (th
 train: setup
 	$(BIN)/python -m lkat_lens.train $(ARGS)
 
-test: setup chromium
+test: setup
 	$(BIN)/python -m pytest -q $(ARGS)
 
 test-gpu: setup
