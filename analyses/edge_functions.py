@@ -12,7 +12,6 @@ spline, base and total edge scores. Samples are tokens (all tokens of all images
 
 from __future__ import annotations
 
-import dataclasses
 import math
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
@@ -21,6 +20,7 @@ from typing import Any
 
 import torch
 import torch.nn.functional as F
+from lkat_lens.analyses.serialize import json_ready
 from lkat_lens.analyses.symbolic import SymbolicFitResult, SymbolicFunction, fit_symbolic
 from lkat_lens.models.kan import KAN, KANLayer
 from torch import nn
@@ -666,21 +666,6 @@ def shape_diversity(layer: KANLayer, num_points: int = 201) -> ShapeDiversity:
 # ------------------------------------------------------------------------------------------------ summary
 
 
-def _jsonable(value: Any) -> Any:
-    """Tensors, dataclasses, tuples and non-finite floats made JSON-ready."""
-    if dataclasses.is_dataclass(value):
-        return {f.name: _jsonable(getattr(value, f.name)) for f in dataclasses.fields(value)}
-    if isinstance(value, torch.Tensor):
-        return _jsonable(value.tolist())
-    if isinstance(value, dict):
-        return {str(k): _jsonable(v) for k, v in value.items()}
-    if isinstance(value, list | tuple):
-        return [_jsonable(v) for v in value]
-    if isinstance(value, float) and not math.isfinite(value):
-        return None
-    return value
-
-
 def _distribution(scores: torch.Tensor) -> dict[str, float]:
     """Mean, median, max and the share of the total held by the top 1% of entries."""
     flat = scores.flatten()
@@ -737,7 +722,7 @@ class EdgeFunctionSummary:
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready nested dict (tensors as lists, NaN as None)."""
-        return _jsonable(self)
+        return json_ready(self)
 
 
 def summarize_layer(layer: KANLayer, stats: LayerStatistics, top_k: int = 10) -> tuple[LayerSummary, EdgeImportance]:

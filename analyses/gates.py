@@ -18,6 +18,7 @@ import torch
 from lkat_lens.models.hooks import HookedModel
 
 from .attention import attention_kinds
+from .serialize import json_ready
 from .tokens import layout_dict, token_groups
 
 LN_HALF = math.log(0.5)
@@ -34,17 +35,6 @@ def nearest_rank_quantiles(x: torch.Tensor, levels: torch.Tensor) -> torch.Tenso
     """Quantiles of x along its last dim at `levels` (torch.quantile's "nearest"), as a trailing dim [..., Q]."""
     ranks = (levels.to(torch.float64) * (x.shape[-1] - 1)).round().long().to(x.device)
     return x.sort(-1).values[..., ranks]
-
-
-def jsonable(x: torch.Tensor) -> Any:
-    """Nested lists of floats with non-finite values (infinite half-lives) as None, for strict JSON."""
-    return _finite_or_none(x.double().cpu().tolist())
-
-
-def _finite_or_none(values: Any) -> Any:
-    if isinstance(values, list):
-        return [_finite_or_none(v) for v in values]
-    return values if math.isfinite(values) else None
 
 
 @dataclass
@@ -105,12 +95,12 @@ class GateStats:
             "layout": layout_dict(self.layout),
             "grid_size": list(self.grid_size),
             "quantile_levels": self.quantile_levels.tolist(),
-            "head_alpha_quantiles": jsonable(self.head_log_alpha_quantiles.exp()),
-            "head_half_life_quantiles": jsonable(half_life(self.head_log_alpha_quantiles)),
+            "head_alpha_quantiles": json_ready(self.head_log_alpha_quantiles.exp()),
+            "head_half_life_quantiles": json_ready(half_life(self.head_log_alpha_quantiles)),
             "histogram": {"alpha_edges": self.hist_edges.tolist(), "counts": self.hist_counts.tolist()},
-            "half_life": jsonable(self.half_life),
-            "head_half_life_by_type": {name: jsonable(h) for name, h in self.head_half_life_by_type.items()},
-            "half_life_map": jsonable(self.half_life_map),
+            "half_life": json_ready(self.half_life),
+            "head_half_life_by_type": {name: json_ready(h) for name, h in self.head_half_life_by_type.items()},
+            "half_life_map": json_ready(self.half_life_map),
         }
 
 

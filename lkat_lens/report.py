@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import math
 import os
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -15,6 +14,7 @@ from torch import nn
 from tqdm.auto import tqdm
 
 from lkat_lens.analyses import attention, attributions, edge_functions, gates, probes, tokens
+from lkat_lens.analyses.serialize import json_ready
 from lkat_lens.checkpoint import CheckpointInfo
 from lkat_lens.data import build_dataset, eval_transform_for
 
@@ -35,19 +35,6 @@ def load_sample(
     order = torch.randperm(len(dataset), generator=torch.Generator().manual_seed(0))[:num]
     images, labels = zip(*(dataset[int(i)] for i in order), strict=True)
     return Sample(torch.stack(images), torch.as_tensor(labels))
-
-
-def _finite(value: Any) -> Any:
-    """JSON-safe copy: tensors to lists, NaN/inf to None."""
-    if isinstance(value, torch.Tensor):
-        return _finite(value.tolist())
-    if isinstance(value, dict):
-        return {str(k): _finite(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [_finite(v) for v in value]
-    if isinstance(value, float) and not math.isfinite(value):
-        return None
-    return value
 
 
 def analyses_for(model: nn.Module, sample: Sample, probe_train: Sample, attribution_images: int) -> dict[str, Callable]:
@@ -98,7 +85,7 @@ def analyze(
     jobs = analyses_for(model, sample, probe_train, attribution_images)
     for key, job in tqdm(jobs.items(), desc="analyses", disable=not progress):
         report[key] = job()
-    return _finite(report)
+    return json_ready(report)
 
 
 def write_report(report: dict[str, Any], path: str | os.PathLike) -> None:
