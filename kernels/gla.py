@@ -166,6 +166,13 @@ def gated_linear_attention(
     if mode == "auto":
         short = q.shape[1] <= AUTO_RECURRENT_MAX_T
         mode = "fused_recurrent" if short or q.dtype == torch.float32 else "chunk"
+    return _fla_gla(q, k, v, gk, scale, mode)
+
+
+@torch.compiler.disable
+def _fla_gla(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, gk: torch.Tensor, scale: float, mode: str):
+    """fla's kernel for `mode`, run eagerly: inductor cannot recompile fla's Triton kernels (it fails on
+    `fused_recurrent_bwd_kernel` with torch 2.11 / Triton 3.6), so `torch.compile` graph-breaks here."""
     from fla.ops.gla import chunk_gla, fused_recurrent_gla
 
     q, k, v, gk = (x.contiguous() for x in (q, k, v, gk))

@@ -1,4 +1,10 @@
-"""A whole LKAT-T on CUDA: fla GLA + Triton RBF against the exact torch paths, forward and backward."""
+"""A whole LKAT-T on CUDA: fla GLA + Triton RBF against the exact torch paths, forward and backward.
+
+fp32: the fast paths equal the torch paths to fp32 rounding. bf16: both the fast paths and the torch paths
+under bf16 autocast are compared with the fp32 torch model (the truth); the fast paths may not be less
+accurate than the torch paths are in bf16 (whole-model gradients of 12 blocks in bf16 are noisy on both
+sides, so a fixed tolerance between two bf16 runs would measure noise, not correctness).
+"""
 
 import copy
 
@@ -15,6 +21,7 @@ def rel(a: torch.Tensor, b: torch.Tensor) -> float:
 
 
 def run(model, x, y, dtype):
+    """Logits and parameter gradients of one forward/backward under autocast to `dtype`."""
     model.zero_grad(set_to_none=True)
     with torch.autocast("cuda", dtype=dtype, enabled=dtype != torch.float32):
         logits = model(x)
@@ -23,33 +30,64 @@ def run(model, x, y, dtype):
     return logits.detach().float(), grads
 
 
-FP32, BF16 = (torch.float32, 5e-3, 1e-2), (torch.bfloat16, 5e-2, 1e-1)  # dtype, logit and gradient tolerances
+def flat(grads: dict[str, torch.Tensor]) -> torch.Tensor:
+    return torch.cat([g.flatten() for g in grads.values()])
 
 
-# fp32 skips fla's chunk_gla: it faults on fp32 inputs (see kernels/gla.py), so "auto" never picks it there.
-CASES = [("fused_recurrent", FP32), ("chunk", BF16), ("fused_recurrent", BF16)]
-
-
-@pytest.mark.parametrize("attn_mode, precision", CASES)
-def test_lkat_tiny_fast_paths_match_torch_paths(attn_mode, precision):
-    dtype, logit_tol, grad_tol = precision
+@pytest.fixture(scope="module")
+def setup():
+    """An LKAT-T whose KAN layers carry weight, its fp32 torch-path truth, and a batch."""
     torch.manual_seed(0)
-    fast = lkat_lens.create_model("lkat_tiny_patch16_224", num_classes=100).cuda().train()
-    for m in fast.modules():  # reference init makes KAN outputs ~0; give them weight so they are tested
+    model = lkat_lens.create_model("lkat_tiny_patch16_224", num_classes=100).cuda().train()
+    for m in model.modules():  # reference init makes KAN outputs ~0; give them weight so they are tested
         if isinstance(m, lkat_lens.models.KANLayer):
             torch.nn.init.normal_(m.grid_linear.weight, std=0.5)
             torch.nn.init.normal_(m.dim_linear.weight, std=m.in_features**-0.5)
-    ref = copy.deepcopy(fast).set_backends(attn="torch", kan="torch")
-    fast.set_backends(attn=attn_mode, kan="triton")
     x = torch.randn(4, 3, 224, 224, device="cuda")
     y = torch.randint(0, 100, (4,), device="cuda")
-    logits_fast, grads_fast = run(fast, x, y, dtype)
-    logits_ref, grads_ref = run(ref, x, y, dtype)
+    truth = run(copy.deepcopy(model).set_backends(attn="torch", kan="torch"), x, y, torch.float32)
+    return model, x, y, truth
+
+
+def test_fp32_fused_recurrent_matches_torch(setup):
+    """fla's fp32-safe kernel + Triton RBF in fp32 equal the exact torch paths."""
+    model, x, y, (logits_ref, grads_ref) = setup
+    logits, grads = run(copy.deepcopy(model).set_backends(attn="fused_recurrent", kan="triton"), x, y, torch.float32)
+    worst = max((n for n in grads_ref if grads_ref[n].norm() > 0), key=lambda n: rel(grads[n], grads_ref[n]))
+    print(
+        f"fp32 fused_recurrent: logits rel {rel(logits, logits_ref):.2e}, worst grad {worst} "
+        f"rel {rel(grads[worst], grads_ref[worst]):.2e}"
+    )
+    assert rel(logits, logits_ref) < 1e-4
+    assert rel(grads[worst], grads_ref[worst]) < 1e-3
+
+
+@pytest.mark.parametrize("attn_mode", ["torch", "chunk", "fused_recurrent"])
+def test_bf16_fast_paths_as_accurate_as_torch_paths(setup, attn_mode):
+    """Triton RBF (with torch GLA, or with fla's GLA) in bf16 is no less accurate than the torch paths in bf16.
+
+    Checked: the logits and the whole gradient vector; with the Triton RBF alone (torch GLA) also the median and
+    the largest per-parameter error. Not per parameter: the gradients of the 4-entry grid weights are sums over
+    ~10^5 cancelling terms and carry a bf16 error of ~0.1 on both paths (measured), which parameter is worst
+    is chance. The Triton kernel itself is checked element by element against fp64 in test_rbf_gpu.py.
+    """
+    model, x, y, (logits_true, grads_true) = setup
+    fast = run(copy.deepcopy(model).set_backends(attn=attn_mode, kan="triton"), x, y, torch.bfloat16)
+    slow = run(copy.deepcopy(model).set_backends(attn="torch", kan="torch"), x, y, torch.bfloat16)
+    (logits_fast, grads_fast), (logits_slow, grads_slow) = fast, slow
     assert torch.isfinite(logits_fast).all()
-    assert rel(logits_fast, logits_ref) < logit_tol
-    worst = max(grads_ref, key=lambda n: rel(grads_fast[n], grads_ref[n]) if grads_ref[n].norm() > 0 else 0)
-    print(f"{dtype} {attn_mode}: logits rel {rel(logits_fast, logits_ref):.2e}, worst grad {worst} "
-          f"rel {rel(grads_fast[worst], grads_ref[worst]):.2e}")
-    for name, g in grads_ref.items():
-        if g.norm() > 0:
-            assert rel(grads_fast[name], g) < grad_tol, name
+    errs = {
+        "logits": (rel(logits_fast, logits_true), rel(logits_slow, logits_true)),
+        "all grads": (rel(flat(grads_fast), flat(grads_true)), rel(flat(grads_slow), flat(grads_true))),
+    }
+    params = {n: (rel(grads_fast[n], g), rel(grads_slow[n], g)) for n, g in grads_true.items() if g.norm() > 0}
+    fast_params, slow_params = (torch.tensor([e[i] for e in params.values()]) for i in (0, 1))
+    errs["median parameter"] = (fast_params.median().item(), slow_params.median().item())
+    errs["worst parameter"] = (fast_params.max().item(), slow_params.max().item())
+    print(
+        f"bf16 attn={attn_mode} kan=triton, rel. error vs fp32 truth (fast / torch-bf16): "
+        + "; ".join(f"{k} {a:.2e} / {b:.2e}" for k, (a, b) in errs.items())
+    )
+    checked = errs if attn_mode == "torch" else {k: errs[k] for k in ("logits", "all grads")}
+    for name, (fast_err, slow_err) in checked.items():
+        assert fast_err <= 2 * slow_err + 1e-2, name

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import math
-import os
 import subprocess
 import sys
 from pathlib import Path
@@ -60,9 +59,8 @@ def test_two_gpus_match_one_gpu_after_20_steps(tmp_path):
         "--out-dir",
         str(tmp_path),
     ]
-    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
     single = subprocess.run(
-        [sys.executable, *args, "--name", "one"], capture_output=True, text=True, env=env, timeout=600
+        [sys.executable, *args, "--name", "one"], capture_output=True, text=True, timeout=600
     )
     assert single.returncode == 0, single.stderr
     torchrun = str(Path(sys.executable).parent / "torchrun")
@@ -70,7 +68,6 @@ def test_two_gpus_match_one_gpu_after_20_steps(tmp_path):
         [torchrun, "--standalone", "--nproc_per_node=2", *args, "--name", "two"],
         capture_output=True,
         text=True,
-        env=env,
         timeout=600,
     )
     assert multi.returncode == 0, multi.stderr
