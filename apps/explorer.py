@@ -1,4 +1,4 @@
-"""The Dash app of `lkat-lens explore`: a factory that loads checkpoints and lays out the views."""
+"""The Dash app of `lkat-lens explore`: a factory that loads checkpoints and lays out the page."""
 
 from __future__ import annotations
 
@@ -8,122 +8,67 @@ from collections.abc import Sequence
 import dash
 from dash import dcc, html
 from lkat_lens.apps import callbacks
-from lkat_lens.apps.state import MAX_UPLOAD_BYTES, CheckpointState, ExplorerState
+from lkat_lens.apps.state import CheckpointState, ExplorerState
+from lkat_lens.apps.views import VIEWS
+from lkat_lens.apps.views.attributions import BROWSER_UPLOAD_CAP
+from lkat_lens.apps.views.common import label
 
-BROWSER_UPLOAD_CAP = 4 * MAX_UPLOAD_BYTES  # dcc.Upload drops larger files in the browser, without a message
-METHODS = ("integrated_gradients", "saliency", "input_x_gradient", "gradient_shap")
+__all__ = ["BROWSER_UPLOAD_CAP", "create_app", "layout"]
 
 
-def graph(graph_id: str) -> dcc.Loading:
-    """A figure slot with a spinner while its callback runs."""
-    return dcc.Loading(dcc.Graph(id=graph_id, config={"displaylogo": False}), type="circle")
+def dropdown(component_id: str, options: list, width: str = "6em", **kwargs) -> dcc.Dropdown:
+    """A compact dropdown selector."""
+    kwargs.setdefault("value", 0)
+    kwargs.setdefault("clearable", False)
+    return dcc.Dropdown(id=component_id, options=options, style={"width": width}, **kwargs)
 
 
 def block_bar(num_blocks: int) -> html.Div:
-    """The block selector shared by every view, with prev/next buttons."""
+    """The block selector shared by every view, with prev/next buttons (keys [ and ] too)."""
     return html.Div(
         [
-            html.Button("◀ prev", id="prev-block", n_clicks=0),
-            html.Label("block", htmlFor="block", style={"margin": "0 0.5em"}),
-            dcc.Dropdown(
-                id="block",
-                options=[{"label": str(b), "value": b} for b in range(num_blocks)],
-                value=0,
-                clearable=False,
-                style={"width": "6em"},
-            ),
-            html.Button("next ▶", id="next-block", n_clicks=0),
+            html.Button("◀ prev", id="prev-block", n_clicks=0, title="previous block ([ or ←)"),
+            html.Label("block", htmlFor="block"),
+            dropdown("block", [{"label": str(b), "value": b} for b in range(num_blocks)]),
+            html.Button("next ▶", id="next-block", n_clicks=0, title="next block (] or →)"),
         ],
         style={"display": "flex", "alignItems": "center", "gap": "0.5em"},
     )
 
 
 def controls(state: ExplorerState) -> html.Div:
-    """Checkpoint, block and image selectors."""
+    """Checkpoint, compare, block, image and head selectors, and the selected patch."""
+    checkpoints = [{"label": label(c), "value": i} for i, c in enumerate(state.checkpoints)]
     first = state[0]
+    images = [
+        {"label": f"{i} ({first.class_name(int(first.sample.labels[i]))})", "value": i} for i in range(state.num_images)
+    ]
     return html.Div(
         [
-            dcc.Dropdown(
-                id="checkpoint",
-                options=[{"label": c.path.name, "value": i} for i, c in enumerate(state.checkpoints)],
-                value=0,
-                clearable=False,
-                style={"width": "20em"},
-            ),
+            dropdown("checkpoint", checkpoints, width="18em"),
+            html.Label("compare with", htmlFor="compare"),
+            dropdown("compare", checkpoints, width="18em", value=None, clearable=True, placeholder="none"),
             block_bar(state.num_blocks),
             html.Label("image", htmlFor="image"),
-            dcc.Dropdown(
-                id="image",
-                options=[{"label": str(i), "value": i} for i in range(len(first.sample.labels))],
-                value=0,
-                clearable=False,
-                style={"width": "6em"},
-            ),
+            dropdown("image", images, width="8em"),
+            html.Label("head", htmlFor="head"),
+            dropdown("head", [{"label": str(h), "value": h} for h in range(state.num_heads)]),
+            html.Span(id="patch-label"),
+            dcc.Store(id="patch"),
         ],
-        style={"display": "flex", "alignItems": "center", "gap": "1em", "flexWrap": "wrap"},
-    )
-
-
-def attribution_tab() -> dcc.Tab:
-    """Attributions of the current image or of an uploaded one."""
-    return dcc.Tab(
-        label="Attributions",
-        value="attributions",
-        children=[
-            dcc.Dropdown(
-                id="method",
-                options=[{"label": m, "value": m} for m in METHODS],
-                value=METHODS[0],
-                clearable=False,
-                style={"width": "20em"},
-            ),
-            dcc.Upload(
-                id="upload",
-                children=html.Div(
-                    [
-                        "Drop an image here or ",
-                        html.A("choose a file"),
-                        f" (PNG/JPEG, at most {MAX_UPLOAD_BYTES // 2**20} MiB)",
-                    ]
-                ),
-                max_size=BROWSER_UPLOAD_CAP,
-                multiple=False,
-                style={"border": "1px dashed #888", "padding": "1em", "margin": "0.5em 0", "textAlign": "center"},
-            ),
-            html.Div(id="upload-message", role="alert", style={"color": "#b00020"}),
-            graph("attribution-figure"),
-        ],
+        style={"display": "flex", "alignItems": "center", "gap": "0.8em", "flexWrap": "wrap"},
     )
 
 
 def layout(state: ExplorerState) -> html.Div:
     """The page: URL, selectors, always-visible predictions and the tabbed views."""
-    tabs = [
-        dcc.Tab(
-            label="Overview",
-            value="overview",
-            children=[html.Pre(id="model-card"), graph("training-curves")],
-        ),
-        dcc.Tab(
-            label="Edge functions",
-            value="edges",
-            children=[graph("fc1-curves"), graph("fc2-curves"), graph("edge-importance")],
-        ),
-        dcc.Tab(
-            label="Gates & attention",
-            value="gates",
-            children=[graph("gate-half-life"), graph("gate-heads"), graph("cls-attention")],
-        ),
-        dcc.Tab(label="Tokens", value="tokens", children=[graph("token-norms")]),
-        attribution_tab(),
-    ]
     return html.Div(
         [
             dcc.Location(id="url", refresh=False),
             html.H2("lkat-lens explorer"),
             controls(state),
             html.Div(id="predictions", style={"margin": "0.5em 0", "fontFamily": "monospace"}),
-            dcc.Tabs(id="tabs", value="overview", children=tabs),
+            dcc.Tabs(id="tabs", value="overview", children=[view.tab(state) for view in VIEWS]),
         ],
         style={"fontFamily": "sans-serif", "margin": "1em"},
     )
@@ -136,12 +81,12 @@ def create_app(
     data_dir: str | os.PathLike = "data",
     num_images: int = 32,
     edges: int = 8,
+    probe_images: int = 256,
 ) -> dash.Dash:
     """The explorer app for one or more checkpoints (their samples loaded, analyses computed on demand)."""
     paths = [checkpoints] if isinstance(checkpoints, (str, os.PathLike)) else list(checkpoints)
-    state = ExplorerState(
-        [CheckpointState(p, data=data, data_dir=data_dir, num_images=num_images, edges=edges) for p in paths]
-    )
+    settings = {"data": data, "data_dir": data_dir, "num_images": num_images, "edges": edges}
+    state = ExplorerState([CheckpointState(p, probe_images=probe_images, **settings) for p in paths])
     app = dash.Dash(__name__, title="lkat-lens explorer")
     app.layout = layout(state)
     callbacks.register(app, state)

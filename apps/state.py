@@ -12,11 +12,13 @@ from typing import Any, TypeVar
 
 import numpy as np
 import torch
-from lkat_lens.analyses import attention, attributions, edge_functions, gates, tokens
-from lkat_lens.analyses.attention import ClsAttention
-from lkat_lens.analyses.attributions import Attribution
+from lkat_lens.analyses import attention, attributions, edge_functions, gates, probes, tokens
+from lkat_lens.analyses.attention import AttentionMatrices, ClsAttention, Rollout
+from lkat_lens.analyses.attributions import Attribution, FaithfulnessCurves
 from lkat_lens.analyses.edge_functions import EdgeCurves, EdgeImportance, LayerStatistics
 from lkat_lens.analyses.gates import GateStats
+from lkat_lens.analyses.probes import ProbeResults
+from lkat_lens.analyses.symbolic import SymbolicFitResult
 from lkat_lens.analyses.tokens import TokenNorms
 from PIL import Image, UnidentifiedImageError
 from torch import nn
@@ -46,6 +48,7 @@ class CheckpointState:
         data_dir: str | os.PathLike = "data",
         num_images: int = 32,
         edges: int = 8,
+        probe_images: int = 256,
     ) -> None:
         self.path = Path(path)
         self.model, self.info = load(path)
@@ -55,6 +58,8 @@ class CheckpointState:
         self.sample: Sample = load_sample(self.info.data, "val", num_images, name=data, data_dir=data_dir)
         self.shown = display_images(self.sample.images, self.info.data)
         self.edges = edges
+        self.probe_images = probe_images
+        self.data_source = {"name": data, "data_dir": data_dir}
         self.class_names: list[str] = list(self.info.data.get("class_names") or [])
         self._cache: dict[tuple, Any] = {}
         self._lock = threading.RLock()
@@ -69,6 +74,30 @@ class CheckpointState:
     def num_parameters(self) -> int:
         """Total parameter count."""
         return sum(p.numel() for p in self.model.parameters())
+
+    @property
+    def num_heads(self) -> int:
+        """Attention heads per block."""
+        return int(self.model.blocks[0].attn.num_heads)
+
+    @property
+    def grid_size(self) -> tuple[int, int]:
+        """The patch grid (rows, columns)."""
+        return tuple(self.model.patch_embed.grid_size)
+
+    @property
+    def has_kan(self) -> bool:
+        """Whether the model has RBF-KAN layers (edge-function views apply)."""
+        return bool(edge_functions.kan_layers(self.model))
+
+    @property
+    def has_gates(self) -> bool:
+        """Whether the model has GLA forget gates (gate views apply)."""
+        return any(name.endswith("hook_gk") for name in self.model.list_hooks())
+
+    def class_name(self, index: int) -> str:
+        """A class's name (its index when the checkpoint names none)."""
+        return self.class_names[index] if index < len(self.class_names) else str(index)
 
     def cached(self, key: tuple, compute: Callable[[], T]) -> T:
         """The result stored under key, computed (once) on first use."""
@@ -104,10 +133,18 @@ class CheckpointState:
         modules = edge_functions.kan_layers(self.model)
         return self.cached(("edge_importance", name), lambda: edge_functions.edge_importance(modules[name], stats))
 
+    def edge_fit(self, block: int, layer: str, edge: tuple[int, int]) -> tuple[EdgeCurves, SymbolicFitResult]:
+        """One edge's curve on the plotting grid and its symbolic fit (on the RBF grid's span)."""
+        module = edge_functions.kan_layers(self.model)[self.block_layers(block)[layer]]
+
+        def compute() -> tuple[EdgeCurves, SymbolicFitResult]:
+            return edge_functions.edge_curves(module, [edge]), edge_functions.fit_edge(module, edge)
+
+        return self.cached(("edge_fit", block, layer, edge), compute)
+
     def gate_statistics(self) -> GateStats | None:
         """Forget-gate statistics of every GLA block, or None for a model without GLA gates."""
-        has_gates = any(name.endswith("hook_gk") for name in self.model.list_hooks())
-        if not has_gates:
+        if not self.has_gates:
             return None
         return self.cached(("gates",), lambda: gates.gate_statistics(self.model, self.sample.images))
 
@@ -125,10 +162,29 @@ class CheckpointState:
         """Token norms across depth on the sample."""
         return self.cached(("tokens",), lambda: tokens.token_norms(self.model, self.sample.images))
 
-    def cls_attention(self, block: int, image: int) -> ClsAttention:
-        """Class-token attention of one block for one sample image."""
+    def attention(self, block: int, image: int) -> AttentionMatrices:
+        """One block's attention matrices [1, 1, H, T, T] for one sample image (GLA: implicit attention)."""
         images = self.sample.images[image : image + 1]
-        return self.cached(("cls", block, image), lambda: attention.cls_attention(self.model, images, [block]))
+        return self.cached(
+            ("attention", block, image), lambda: attention.attention_matrices(self.model, images, [block])
+        )
+
+    def cls_attention(self, block: int, image: int) -> ClsAttention:
+        """Class-token attention of one block for one sample image (the class-token rows of `attention`)."""
+        found = self.attention(block, image)
+        rows = found.matrices[..., found.cls_index, :]
+        return ClsAttention(rows, found.blocks, found.kinds, found.layout, found.grid_size)
+
+    def patch_attention(self, block: int, image: int, patch: int) -> torch.Tensor:
+        """What one patch token reads in one block: its attention row on the patches [H, gh, gw]."""
+        found = self.attention(block, image)
+        row = found.matrices[0, 0, :, found.layout["patches"].start + patch, found.layout["patches"]]
+        return row.unflatten(-1, found.grid_size)
+
+    def rollout(self, image: int, method: str) -> Rollout:
+        """Attention rollout through every block for one sample image ("attention" or "gradient")."""
+        images = self.sample.images[image : image + 1]
+        return self.cached(("rollout", image, method), lambda: attention.attention_rollout(self.model, images, method))
 
     def patch_size(self) -> tuple[int, int]:
         """The model's patch size (height, width)."""
@@ -140,10 +196,27 @@ class CheckpointState:
             ("predict", image, k), lambda: top_k(self.model, self.sample.images[image : image + 1], k, self.class_names)
         )
 
-    def attribution(self, image: int, method: str) -> Attribution:
-        """A method's attribution of the predicted class for one sample image."""
+    def attribution(self, image: int, method: str, target: int | None = None) -> Attribution:
+        """A method's attribution of a class (default: the predicted one) for one sample image."""
         images = self.sample.images[image : image + 1]
-        return self.cached(("attribution", image, method), lambda: attribute(self.model, images, method))
+        return self.cached(
+            ("attribution", image, method, target), lambda: attribute(self.model, images, method, target)
+        )
+
+    def faithfulness(self, image: int, method: str, target: int | None = None) -> FaithfulnessCurves:
+        """Deletion/insertion curves of a sample image's attribution."""
+        images = self.sample.images[image : image + 1]
+        found = self.attribution(image, method, target)
+        return self.cached(("faithfulness", image, method, target), lambda: faithfulness(self.model, images, found))
+
+    def probes(self) -> ProbeResults:
+        """Linear probes per depth, fitted on a training-split sample and scored on the explorer's sample."""
+
+        def compute() -> ProbeResults:
+            train = load_sample(self.info.data, "train", self.probe_images, **self.data_source)
+            return probes.linear_probes(self.model, train.images, train.labels, self.sample.images, self.sample.labels)
+
+        return self.cached(("probes",), compute)
 
     def upload(self, content: bytes) -> torch.Tensor:
         """An uploaded image file as one normalised model input [1, C, H, W]; BadUpload if too large or no image."""
@@ -163,10 +236,15 @@ class CheckpointState:
         return display_images(images, self.info.data)
 
 
-def attribute(model: nn.Module, images: torch.Tensor, method: str) -> Attribution:
-    """The attribution of the predicted class with the method's explorer settings (few steps, fast)."""
+def attribute(model: nn.Module, images: torch.Tensor, method: str, target: int | None = None) -> Attribution:
+    """The attribution of a class (default: predicted) with the method's explorer settings (few steps, fast)."""
     settings = {"integrated_gradients": {"n_steps": 16}, "gradient_shap": {"n_samples": 8}}
-    return attributions.attribute(model, images, method, **settings.get(method, {}))
+    return attributions.attribute(model, images, method, target, **settings.get(method, {}))
+
+
+def faithfulness(model: nn.Module, images: torch.Tensor, found: Attribution) -> FaithfulnessCurves:
+    """Deletion/insertion curves of an attribution over its image's patches (blurred replacement)."""
+    return attributions.deletion_insertion(model, images, found, target=found.target)
 
 
 @torch.no_grad()
@@ -193,6 +271,21 @@ class ExplorerState:
     def num_blocks(self) -> int:
         """The block count the shared selector spans (the largest of the checkpoints)."""
         return max(c.num_blocks for c in self.checkpoints)
+
+    @property
+    def num_heads(self) -> int:
+        """The head count the shared selector spans (the largest of the checkpoints)."""
+        return max(c.num_heads for c in self.checkpoints)
+
+    @property
+    def num_images(self) -> int:
+        """Sample images every checkpoint has."""
+        return min(len(c.sample.labels) for c in self.checkpoints)
+
+    @property
+    def num_patches(self) -> int:
+        """The patch count the shared selection spans (the largest grid of the checkpoints)."""
+        return max(c.grid_size[0] * c.grid_size[1] for c in self.checkpoints)
 
 
 def model_card(info: CheckpointInfo, parameters: int) -> dict[str, Any]:

@@ -15,9 +15,11 @@ import torch
 from plotly.subplots import make_subplots
 
 from lkat_lens.analyses.attention import ClsAttention
-from lkat_lens.analyses.attributions import Attribution
+from lkat_lens.analyses.attributions import Attribution, FaithfulnessCurves
 from lkat_lens.analyses.edge_functions import Coverage, EdgeCurves
 from lkat_lens.analyses.gates import GateStats
+from lkat_lens.analyses.probes import ProbeResults
+from lkat_lens.analyses.symbolic import SymbolicFitResult
 from lkat_lens.analyses.tokens import TokenNorms
 
 CURVE_COLOR = "#1f4e9c"
@@ -224,15 +226,20 @@ def gate_head_figure(gates: GateStats, title: str = "") -> go.Figure:
     return fig
 
 
-def token_norm_figure(norms: TokenNorms, title: str = "") -> go.Figure:
-    """Mean residual-stream norm of each token group across depth, with the patch median and outlier cut."""
-    depth = list(range(norms.norms.shape[0]))
+def token_norm_figure(
+    norms: TokenNorms, title: str = "", *, patch: tuple[int, int] | None = None, depth: int | None = None
+) -> go.Figure:
+    """Mean residual-stream norm of each token group across depth, with the patch median and outlier cut.
+
+    `patch` = (image, patch index) adds that patch token's norms as a last trace; `depth` marks one depth.
+    """
+    depths = list(range(norms.norms.shape[0]))
     fig = go.Figure()
     for name, values in norms.group_norms().items():
-        fig.add_trace(go.Scatter(x=depth, y=values.double().mean((1, 2)).tolist(), mode="lines+markers", name=name))
+        fig.add_trace(go.Scatter(x=depths, y=values.double().mean((1, 2)).tolist(), mode="lines+markers", name=name))
     fig.add_trace(
         go.Scatter(
-            x=depth,
+            x=depths,
             y=norms.patches.flatten(1).median(-1).values.tolist(),
             mode="lines",
             line={"dash": "dot", "color": "gray"},
@@ -241,13 +248,26 @@ def token_norm_figure(norms: TokenNorms, title: str = "") -> go.Figure:
     )
     fig.add_trace(
         go.Scatter(
-            x=depth,
+            x=depths,
             y=norms.thresholds.tolist(),
             mode="lines",
             line={"dash": "dash", "color": "black"},
             name="outlier threshold",
         )
     )
+    if patch is not None:
+        image, index = patch
+        fig.add_trace(
+            go.Scatter(
+                x=depths,
+                y=norms.patches[:, image, index].tolist(),
+                mode="lines+markers",
+                line={"color": CENTER_COLOR},
+                name=f"image {image} patch {index}",
+            )
+        )
+    if depth is not None:
+        fig.add_vline(x=depth, line={"color": "gray", "width": 1})
     fig.update_layout(
         title=title or "token norms across depth (0 = embedding, d = after block d-1)",
         template=TEMPLATE,
@@ -300,14 +320,20 @@ def _finish_image_grid(fig: go.Figure, image_hw: tuple[int, int], rows: int, col
 
 
 def cls_attention_figure(
-    attention: ClsAttention, images: np.ndarray, *, patch_size: tuple[int, int], title: str = ""
+    attention: ClsAttention,
+    images: np.ndarray,
+    *,
+    patch_size: tuple[int, int],
+    title: str = "",
+    head: int | None = None,
 ) -> go.Figure:
-    """Class-token attention on the patches (head mean) overlaid on each image, one row per block under the images.
+    """Class-token attention on the patches (head mean, or one head) overlaid on each image, one row per block.
 
     `images` are display images [B, H, W, 3] uint8. Traces per image: the image, then per block the image and a
-    heatmap with z = patch_maps[block, image].mean(heads).
+    heatmap with z = patch_maps[block, image].mean(heads) (or patch_maps[block, image, head]).
     """
-    maps = attention.patch_maps.double().mean(2)  # [L, B, gh, gw]
+    per_head = attention.patch_maps.double()
+    maps = per_head.mean(2) if head is None else per_head[:, :, head]  # [L, B, gh, gw]
     n_images = images.shape[0]
     rows = 1 + len(attention.blocks)
     titles = [f"image {b}" for b in range(n_images)]
@@ -329,8 +355,9 @@ def cls_attention_figure(
                 col=b + 1,
             )
     fig.update_layout(coloraxis={"colorscale": "RdBu", "cmid": 0, "colorbar": {"title": "weight"}})
+    heads = "head mean" if head is None else f"head {head}"
     return _finish_image_grid(
-        fig, images.shape[1:3], rows, n_images, title or "class-token attention on the patches (head mean)"
+        fig, images.shape[1:3], rows, n_images, title or f"class-token attention on the patches ({heads})"
     )
 
 
@@ -356,3 +383,281 @@ def attribution_figure(attribution: Attribution, images: np.ndarray, title: str 
     return _finish_image_grid(
         fig, images.shape[1:3], 2, n_images, title or f"{attribution.method} attributions of the predicted class"
     )
+
+
+def training_curve_figure(metrics: Sequence[Mapping], title: str = "") -> go.Figure:
+    """Per-epoch losses (left) and top-k accuracies (right) of a checkpoint's metrics history."""
+    epochs = [m.get("epoch", i + 1) for i, m in enumerate(metrics)]
+    keys = sorted({k for m in metrics for k in m})
+    panels = {1: [k for k in keys if k.endswith("loss")], 2: [k for k in keys if "top" in k]}
+    fig = make_subplots(rows=1, cols=2, subplot_titles=["loss", "accuracy (%)"])
+    for col, names in panels.items():
+        for k in names:
+            fig.add_trace(go.Scatter(x=epochs, y=[m.get(k) for m in metrics], mode="lines+markers", name=k), 1, col)
+        fig.update_xaxes(title_text="epoch", row=1, col=col)
+    fig.update_layout(title=title or "training curves", template=TEMPLATE, height=380)
+    return fig
+
+
+def importance_tiles(
+    edge_std: torch.Tensor, max_cells: int = 256
+) -> tuple[torch.Tensor, torch.Tensor, tuple[int, int]]:
+    """A layer's edge importance [out, in] in at most max_cells x max_cells tiles: each tile's strongest edge.
+
+    Returns the tile maxima [rows, cols], their edges [rows, cols, 2] as (q, p) and the tile shape (1 x 1 for
+    small layers).
+    """
+    n_out, n_in = edge_std.shape
+    tile = (math.ceil(n_out / max_cells), math.ceil(n_in / max_cells))
+    values, index = torch.nn.functional.max_pool2d(
+        edge_std.double()[None, None], tile, tile, ceil_mode=True, return_indices=True
+    )
+    return values[0, 0], torch.stack([index[0, 0] // n_in, index[0, 0] % n_in], dim=-1), tile
+
+
+def importance_figure(edge_std: torch.Tensor, title: str = "", max_cells: int = 256) -> go.Figure:
+    """Heatmap of a layer's edge importance [out, in], in tiles (importance_tiles) for layers over max_cells wide.
+
+    Cell [r][c] shows edge customdata[r][c] = (q, p); x and y are the first input and output channel of the tile.
+    """
+    values, edges, tile = importance_tiles(edge_std, max_cells)
+    rows, cols = values.shape
+    fig = go.Figure(
+        go.Heatmap(
+            z=as_plot_values(values),
+            x=[c * tile[1] for c in range(cols)],
+            y=[r * tile[0] for r in range(rows)],
+            customdata=edges.tolist(),
+            hovertemplate="φ[%{customdata[0]},%{customdata[1]}]  σ=%{z:.3g}<extra></extra>",
+            colorscale="Viridis",
+            colorbar={"title": "std"},
+        )
+    )
+    tiles = "" if tile == (1, 1) else f" (tiles of {tile[0]}×{tile[1]} edges show their strongest)"
+    fig.update_layout(
+        title=(title or "edge importance") + tiles,
+        template=TEMPLATE,
+        xaxis_title="input channel p",
+        yaxis_title="output node q",
+        yaxis_autorange="reversed",
+        height=460,
+    )
+    return fig
+
+
+def coverage_figure(coverages: Mapping[str, Coverage], centers: Sequence[float] = (), title: str = "") -> go.Figure:
+    """Where each layer's real inputs fall against its RBF grid: histogram, grid support shaded, grid centres."""
+    titles = [
+        f"{name}: {c.outside_fraction:.1%} outside support, {(c.underflow + c.overflow) / c.total:.1%} off-axis"
+        for name, c in coverages.items()
+    ]
+    fig = make_subplots(rows=1, cols=max(1, len(coverages)), subplot_titles=titles, horizontal_spacing=0.08)
+    for col, coverage in enumerate(coverages.values(), start=1):
+        edges = coverage.bin_edges.double()
+        share = coverage.counts.double() / max(coverage.total, 1)
+        fig.add_trace(
+            go.Bar(
+                x=((edges[:-1] + edges[1:]) / 2).tolist(),
+                y=share.tolist(),
+                width=(edges[1:] - edges[:-1]).tolist(),
+                marker={"color": CURVE_COLOR, "line": {"width": 0}},
+                name="inputs",
+                showlegend=False,
+            ),
+            row=1,
+            col=col,
+        )
+        fig.add_vrect(*coverage.support, fillcolor=SHADE_COLOR, line_width=0, layer="below", row=1, col=col)
+        if len(centers):
+            fig.add_trace(
+                go.Scatter(
+                    x=list(centers),
+                    y=[0.0] * len(centers),
+                    mode="markers",
+                    name="grid centres",
+                    showlegend=False,
+                    marker={"symbol": "triangle-up", "size": 9, "color": CENTER_COLOR},
+                ),
+                row=1,
+                col=col,
+            )
+        fig.update_xaxes(title_text="edge-function input x", row=1, col=col)
+    fig.update_yaxes(title_text="share of inputs", row=1, col=1)
+    fig.update_layout(
+        title=title or "input coverage of the RBF grid (shaded: support [grid_min - h, grid_max + h])",
+        template=TEMPLATE,
+        bargap=0,
+        height=340,
+        font={"size": 10},
+    )
+    fig.update_annotations(font_size=10)
+    return fig
+
+
+def edge_fit_figure(
+    curves: EdgeCurves, fit: SymbolicFitResult, coverage: Coverage | None = None, title: str = ""
+) -> go.Figure:
+    """One edge function (the first of `curves`) with its best symbolic fit and the layer's input distribution."""
+    q, p = curves.edges[0].tolist()
+    y = curves.values[0]
+    low, high = _y_span(torch.cat([y, fit.best(curves.x).clamp(y.min() - 1, y.max() + 1)]))
+    fig = go.Figure()
+    if coverage is not None:
+        fig.add_trace(_shade(coverage, low, high))
+    fig.add_trace(go.Scatter(x=curves.x.tolist(), y=y.tolist(), mode="lines", name=f"φ[{q},{p}]", line={"width": 3}))
+    fig.add_trace(
+        go.Scatter(
+            x=curves.x.tolist(),
+            y=fit.best(curves.x).tolist(),
+            mode="lines",
+            name=f"{fit.best.formula()}",
+            line={"dash": "dash", "color": CENTER_COLOR},
+        )
+    )
+    fig.add_trace(
+        go.Scatter(
+            x=curves.centers.tolist(),
+            y=[low] * len(curves.centers),
+            mode="markers",
+            name="grid centres",
+            marker={"symbol": "triangle-up", "size": 9, "color": CENTER_COLOR},
+        )
+    )
+    runners = ", ".join(f"{f.name} {f.r2:.3f}" for f in fit.ranking[1:4])
+    fig.update_layout(
+        title=title or f"φ[{q},{p}] ≈ {fit.best.name} (R² {fit.best.r2:.4f}; next: {runners})",
+        template=TEMPLATE,
+        xaxis_title="x",
+        yaxis={"title": "φ(x)", "range": [low, high]},
+        legend={"orientation": "h", "y": -0.2},
+        height=400,
+    )
+    return fig
+
+
+def gate_channel_figure(gates: GateStats, block: int, head: int, title: str = "") -> go.Figure:
+    """Half-life of each key channel of one block and head, one trace per token group (log scale)."""
+    i = gates.blocks.index(block)
+    fig = go.Figure()
+    for name, values in gates.half_life_by_type.items():
+        channel = values[i, head]
+        fig.add_trace(
+            go.Scatter(x=list(range(channel.numel())), y=as_plot_values(channel), mode="lines+markers", name=name)
+        )
+    fig.update_layout(
+        title=title or f"block {block} head {head}: forget-gate half-life per key channel (tokens; gap = no decay)",
+        template=TEMPLATE,
+        xaxis_title="key channel",
+        yaxis={"title": "half-life (tokens)", "type": "log"},
+        height=380,
+    )
+    return fig
+
+
+def patch_map_figure(
+    values: torch.Tensor,
+    image: np.ndarray,
+    *,
+    patch_size: tuple[int, int],
+    title: str = "",
+    selected: int | None = None,
+    marked: torch.Tensor | None = None,
+    signed: bool = False,
+    colorbar: str = "",
+) -> go.Figure:
+    """A patch-grid map [gh, gw] over one display image [H, W, 3]; `selected` patch framed, `marked` patches ×.
+
+    Traces: the image, the heatmap (z = values), then the marked patches' centres when `marked` is given.
+    """
+    gw = values.shape[1]
+    ph, pw = patch_size
+    fig = go.Figure(go.Image(z=image, opacity=0.6, name="image"))
+    style = {"colorscale": "RdBu", "zmid": 0} if signed else {"colorscale": "Viridis"}
+    fig.add_trace(_heat_on_image(values, patch_size, opacity=0.7, colorbar={"title": colorbar}, name="map", **style))
+    if marked is not None:
+        rows, cols = marked.nonzero(as_tuple=True)
+        fig.add_trace(
+            go.Scatter(
+                x=(cols * pw + (pw - 1) / 2).tolist(),
+                y=(rows * ph + (ph - 1) / 2).tolist(),
+                mode="markers",
+                marker={"symbol": "x", "size": 12, "color": "black", "line": {"width": 1, "color": "white"}},
+                name="outliers",
+            )
+        )
+    if selected is not None:
+        r, c = divmod(selected, gw)
+        fig.add_shape(
+            type="rect",
+            x0=c * pw - 0.5,
+            x1=(c + 1) * pw - 0.5,
+            y0=r * ph - 0.5,
+            y1=(r + 1) * ph - 0.5,
+            line={"color": CENTER_COLOR, "width": 3},
+        )
+    axes = _overlay_axes(image.shape[:2])
+    fig.update_xaxes(**axes["x"])
+    fig.update_yaxes(**axes["y"], scaleanchor="x")
+    fig.update_layout(
+        title=title, template=TEMPLATE, width=460, height=440, margin={"l": 20, "r": 20, "t": 70, "b": 20}
+    )
+    return fig
+
+
+def faithfulness_figure(curves: FaithfulnessCurves, title: str = "") -> go.Figure:
+    """Deletion and insertion curves (target-class probability vs fraction of units), one pair per image."""
+    fig = go.Figure()
+    x = curves.fractions.tolist()
+    for b in range(curves.deletion.shape[0]):
+        for name, values, auc in (
+            ("deletion", curves.deletion[b], curves.deletion_auc[b]),
+            ("insertion", curves.insertion[b], curves.insertion_auc[b]),
+        ):
+            fig.add_trace(
+                go.Scatter(x=x, y=values.tolist(), mode="lines+markers", name=f"{name} (AUC {float(auc):.3f})")
+            )
+    fig.update_layout(
+        title=title or f"deletion / insertion of the most-attributed {curves.unit}es ({curves.replacement})",
+        template=TEMPLATE,
+        xaxis_title=f"fraction of {curves.unit}es",
+        yaxis={"title": "target-class probability", "range": [0, 1.02]},
+        height=380,
+    )
+    return fig
+
+
+def probe_figure(results: ProbeResults, depth: int | None = None, title: str = "") -> go.Figure:
+    """Held-out (solid) and training (dotted) linear-probe accuracy per depth and feature kind, chance dashed."""
+    depths = list(range(len(results.depth_names)))
+    fig = go.Figure()
+    for kind, accuracy in results.test_accuracy.items():
+        fig.add_trace(
+            go.Scatter(
+                x=depths,
+                y=accuracy.tolist(),
+                mode="lines+markers",
+                name=f"{kind} (held out)",
+                text=results.depth_names,
+            )
+        )
+        fig.add_trace(
+            go.Scatter(
+                x=depths,
+                y=results.train_accuracy[kind].tolist(),
+                mode="lines",
+                line={"dash": "dot"},
+                name=f"{kind} (train)",
+            )
+        )
+    fig.add_hline(y=results.chance, line={"dash": "dash", "color": "gray"}, annotation_text="chance")
+    if depth is not None:
+        fig.add_vline(x=depth, line={"color": "gray", "width": 1})
+    fig.update_layout(
+        title=title
+        or f"linear probes per depth ({results.num_train} train / {results.num_test} held-out images; 0 = embedding)",
+        template=TEMPLATE,
+        xaxis_title="depth",
+        yaxis={"title": "accuracy", "range": [0, 1.02]},
+        height=400,
+    )
+    return fig

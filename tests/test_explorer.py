@@ -1,4 +1,4 @@
-"""The explorer app: state/caching and URL helpers, and the real app driven in headless Chromium."""
+"""The explorer app: selection, state and caching, and the real app driven in headless Chromium."""
 
 import argparse
 import base64
@@ -8,22 +8,44 @@ import time
 from pathlib import Path
 
 import pytest
-from lkat_lens.apps import callbacks
+import torch
+from lkat_lens.apps import selection
 from lkat_lens.apps.explorer import BROWSER_UPLOAD_CAP, create_app
-from lkat_lens.apps.state import MAX_UPLOAD_BYTES, BadUpload
+from lkat_lens.apps.selection import Limits, Selection
+from lkat_lens.apps.state import MAX_UPLOAD_BYTES, BadUpload, model_card
+from lkat_lens.apps.views import attributions, edges, gates, tokens
+from lkat_lens.models import create_model
 from PIL import Image
+from selenium.webdriver.common.action_chains import ActionChains
+from selenium.webdriver.common.keys import Keys
 from selenium.webdriver.support.ui import WebDriverWait
 
-from lkat_lens import explore_cli
+from lkat_lens import explore_cli, figures
+from lkat_lens.checkpoint import load, save_checkpoint
 
 BROWSER = shutil.which("chromium") and shutil.which("chromedriver")
 needs_browser = pytest.mark.skipif(not BROWSER, reason="needs Debian's chromium and chromium-driver on PATH")
+LIMITS = Limits(blocks=4, images=12, heads=2, patches=16)
 
 
 @pytest.fixture(scope="module")
-def app(digits_checkpoint):
-    """The explorer of the digits checkpoint (12 sample images, 4 edges per grid)."""
-    return create_app(digits_checkpoint, num_images=12, edges=4)
+def vit_checkpoint(digits_checkpoint, tmp_path_factory) -> Path:
+    """A randomly initialised timm ViT of lkat_micro's shape on digits: a baseline without KAN layers or gates."""
+    torch.manual_seed(0)
+    kwargs = dict(img_size=16, patch_size=4, embed_dim=64, depth=4, num_heads=2, num_classes=10)
+    model = create_model("vit_tiny_patch16_224", **kwargs)
+    path = tmp_path_factory.mktemp("vit") / "vit.pt"
+    data = load(digits_checkpoint)[1].data
+    save_checkpoint(
+        path, model_name="vit_tiny_patch16_224", model_kwargs=kwargs, state_dict=model.state_dict(), data=data
+    )
+    return path
+
+
+@pytest.fixture(scope="module")
+def app(digits_checkpoint, vit_checkpoint):
+    """The explorer of the digits checkpoint (12 sample images, 4 edges per grid), a ViT baseline to compare."""
+    return create_app([digits_checkpoint, vit_checkpoint], num_images=12, edges=4, probe_images=96)
 
 
 def png_bytes(size: int = 20) -> bytes:
@@ -35,21 +57,39 @@ def png_bytes(size: int = 20) -> bytes:
     return buffer.getvalue()
 
 
-def test_block_from_search_and_step():
-    assert callbacks.block_from_search("?block=3", 4) == 3
-    assert callbacks.block_from_search("block=0&x=1", 4) == 0
-    assert callbacks.block_from_search("?block=4", 4) is None
-    assert callbacks.block_from_search("?block=-1", 4) is None
-    assert callbacks.block_from_search("", 4) is None
-    assert callbacks.step_block(0, -1, 4) == 3
-    assert callbacks.step_block(3, 1, 4) == 0
+def titles(figs) -> list[str]:
+    return [f.layout.title.text for f in figs]
+
+
+def test_selection_from_and_to_the_url():
+    assert selection.parse_query("?block=2&image=3&head=1", LIMITS) == Selection(2, 3, 1, None)
+    assert selection.parse_query("block=3&patch=15&x=1", LIMITS) == Selection(3, 0, 0, 15)
+    for bad in ("?block=4", "?block=-1", "?head=2&image=12&patch=16", "?block=one", ""):
+        assert selection.parse_query(bad, LIMITS) == Selection()
+    chosen = Selection(2, 3, 1, 7)
+    assert chosen.query() == "?block=2&image=3&head=1&patch=7"
+    assert selection.parse_query(chosen.query(), LIMITS) == chosen
+    assert Selection(1).query() == "?block=1&image=0&head=0"
+    assert selection.step_block(0, -1, 4) == 3 and selection.step_block(3, 1, 4) == 0
+
+
+def test_clicks_move_the_selection():
+    start = Selection(0, 1, 0, None)
+    heads_click = {"points": [{"x": 1, "y": 3, "curveNumber": 0}]}
+    assert selection.apply_click(start, "gate-heads", heads_click, (4, 4), (4, 4)) == Selection(3, 1, 1, None)
+    map_click = {"points": [{"x": 2, "y": 2, "curveNumber": 1}]}
+    assert selection.apply_click(start, "gate-half-life", map_click, (4, 4), (4, 4)).head == 1
+    pixel = {"points": [{"x": 9, "y": 13.5, "curveNumber": 1}]}  # row 3, col 2 of a 4x4 grid of 4-pixel patches
+    assert selection.apply_click(start, "cls-attention", pixel, (4, 4), (4, 4)).patch == 3 * 4 + 2
+    outside = {"points": [{"x": 9, "y": 17, "curveNumber": 1}]}
+    assert selection.apply_click(start, "token-outliers", outside, (4, 4), (4, 4)) == start
 
 
 def test_decode_upload():
     data = png_bytes()
-    assert callbacks.decode_upload("data:image/png;base64," + base64.b64encode(data).decode()) == data
+    assert attributions.decode_upload("data:image/png;base64," + base64.b64encode(data).decode()) == data
     with pytest.raises(BadUpload):
-        callbacks.decode_upload("data:text/plain;base64,not base64!")
+        attributions.decode_upload("data:text/plain;base64,not base64!")
 
 
 def test_cli_defaults_are_safe():
@@ -58,27 +98,80 @@ def test_cli_defaults_are_safe():
     args = parser.parse_args(["a.pt", "b.pt"])
     assert args.checkpoints == ["a.pt", "b.pt"]
     assert (args.host, args.port, args.debug) == ("127.0.0.1", 8050, False)
+    assert (args.num_images, args.edges, args.probe_images) == (32, 8, 256)
+
+
+def test_importance_tiles_name_their_strongest_edge():
+    edge_std = torch.rand(10, 7, generator=torch.Generator().manual_seed(0))
+    full = figures.importance_figure(edge_std, max_cells=16).data[0]
+    assert [list(row) for row in full.z] == edge_std.double().tolist()
+    assert list(full.customdata[4][6]) == [4, 6]  # a cell names its own edge
+    tiled = figures.importance_figure(edge_std, max_cells=4).data[0]  # 3x2 edges per tile
+    assert len(tiled.z) == 4 and len(tiled.z[0]) == 4
+    assert list(tiled.x) == [0, 2, 4, 6] and list(tiled.y) == [0, 3, 6, 9]
+    for r, row in enumerate(tiled.customdata):
+        for c, (q, p) in enumerate(row):
+            block = edge_std[3 * r : 3 * r + 3, 2 * c : 2 * c + 2]
+            assert edge_std[q, p] == block.max() == pytest.approx(tiled.z[r][c])
 
 
 def test_analyses_cached_once_per_block(app):
     ckpt = app.explorer_state[0]
     assert ckpt.model.training is False
     assert ckpt.num_blocks == 4 and ckpt.sample.images.shape == (12, 3, 16, 16)
-    first = callbacks.edge_figures(ckpt, 1) + callbacks.gate_figures(ckpt, 1, 0)
+
+    def views(block: int) -> list:
+        return [
+            *edges.block_figures(ckpt, block),
+            edges.importance(ckpt, block, "fc1"),
+            edges.edge_detail(ckpt, block, "fc1", None),
+            *gates.gate_figures(ckpt, block, 1),
+            *gates.attention_figures(ckpt, block, 0, 1, None),
+            *tokens.token_figures(ckpt, block, 0, None),
+        ]
+
+    first = views(1)
     computed = list(ckpt.computed)
     start = time.perf_counter()
-    again = callbacks.edge_figures(ckpt, 1) + callbacks.gate_figures(ckpt, 1, 0)
+    again = views(1)
     elapsed = time.perf_counter() - start
     assert ckpt.computed == computed  # nothing recomputed
     assert [f.to_json() for f in again] == [f.to_json() for f in first]
     assert elapsed < 0.5, f"cached block views took {elapsed:.3f}s"
+    assert all(f.data for f in first)
     importance = ckpt.edge_importance(1, "fc1").edge_std
-    assert tuple(importance.shape) == (256, 64)  # fc1: embed 64 -> hidden 256
-    assert [list(row) for row in first[2].data[0].z] == importance.double().tolist()
-    assert "block 1 fc1" in first[0].layout.title.text and "block 1" in first[5].layout.title.text
-    assert len(ckpt.predictions(0)) == 5
-    probs = [p for _, p in ckpt.predictions(0)]
-    assert probs == sorted(probs, reverse=True) and 0 < sum(probs) <= 1 + 1e-6
+    assert tuple(importance.shape) == (256, 64)  # fc1: embed 64 -> hidden 256, drawn cell by cell
+    assert [list(row) for row in first[3].data[0].z] == importance.double().tolist()
+    q, p, _ = ckpt.edge_importance(1, "fc1").top_edges(1)[0]
+    assert f"block 1 fc1 φ[{q},{p}] ≈" in first[4].layout.title.text and "R²" in first[4].layout.title.text
+    assert "block 1 fc1" in first[0].layout.title.text and "block 1 head 1" in first[8].layout.title.text
+    assert "patch 10 reads" in first[9].layout.title.text  # centre of the 4x4 grid
+    assert titles(views(2)) != titles(first)
+
+
+def test_clicked_edge_gets_its_curve_and_symbolic_fit(app):
+    ckpt = app.explorer_state[0]
+    heatmap = edges.importance(ckpt, 2, "fc2").data[0]  # fc2: [64, 256], drawn in 1x1 tiles
+    assert edges.clicked_edge(ckpt, 2, "fc2", {"x": 17, "y": 5}) == tuple(heatmap.customdata[5][17]) == (5, 17)
+    fig = edges.edge_detail(ckpt, 2, "fc2", {"block": 2, "layer": "fc2", "q": 5, "p": 17})
+    curve, fit = fig.data[1], fig.data[2]
+    curves, result = ckpt.edge_fit(2, "fc2", (5, 17))
+    assert list(curve.y) == curves.values[0].tolist() and "φ[5,17]" in fig.layout.title.text
+    assert list(fit.y) == result.best(curves.x).tolist() and result.best.formula() in fit.name
+    stale = edges.edge_detail(ckpt, 1, "fc2", {"block": 2, "layer": "fc2", "q": 5, "p": 17})
+    assert "block 1 fc2" in stale.layout.title.text and "φ[5,17]" not in stale.layout.title.text
+
+
+def test_attribution_class_choice_and_faithfulness(app):
+    ckpt = app.explorer_state[0]
+    predicted = ckpt.attribution(0, "saliency").target.item()
+    other = (predicted + 1) % 10
+    overlay, curves = attributions.dataset_figures(ckpt, 0, "saliency", other)
+    assert f"class {ckpt.class_name(other)} in image 0" in overlay.layout.title.text
+    assert ckpt.faithfulness(0, "saliency", other).target.tolist() == [other]
+    assert [t.name.split(" ")[0] for t in curves.data] == ["deletion", "insertion"]
+    overlay, _ = attributions.dataset_figures(ckpt, 0, "saliency", None)
+    assert "the predicted class" in overlay.layout.title.text
 
 
 def test_upload_decoding(app):
@@ -91,14 +184,26 @@ def test_upload_decoding(app):
     assert MAX_UPLOAD_BYTES == 2 * 2**20 and BROWSER_UPLOAD_CAP == 4 * MAX_UPLOAD_BYTES
 
 
-def test_several_checkpoints(digits_checkpoint):
-    app = create_app([digits_checkpoint, digits_checkpoint], num_images=2, edges=2)
+def test_baseline_views_say_not_applicable(app, digits_checkpoint, vit_checkpoint):
     state = app.explorer_state
-    assert [c.path for c in state.checkpoints] == [digits_checkpoint, digits_checkpoint]
-    assert state.num_blocks == 4 and state[1].model is not state[0].model
-    card = callbacks.model_card(state[1].info, state[1].num_parameters)
-    assert card["variant"] == "lkat_micro" and card["dataset"] == "digits"
-    assert card["val top-1 (best)"] == max(m["val_top1"] for m in state[1].info.metrics)
+    assert [c.path for c in state.checkpoints] == [digits_checkpoint, vit_checkpoint]
+    vit = state[1]
+    assert (vit.has_kan, vit.has_gates, state.num_blocks, state.num_heads) == (False, False, 4, 2)
+    assert all("not applicable" in t for t in titles(edges.block_figures(vit, 0)))
+    assert "not applicable" in edges.importance(vit, 0, "fc1").layout.title.text
+    assert all("no GLA forget gates" in t for t in titles(gates.gate_figures(vit, 0, 0)))
+    cls, row = gates.attention_figures(vit, 3, 0, 1, None)  # softmax attention applies
+    assert "CLS attention" in cls.layout.title.text and "attention row" in row.layout.title.text
+    card = model_card(vit.info, vit.num_parameters)
+    assert card["variant"] == "vit_tiny_patch16_224" and card["dataset"] == "digits"
+
+
+def test_probes_are_fitted_once(app):
+    ckpt = app.explorer_state[0]
+    results = ckpt.probes()
+    assert ckpt.probes() is results and results.num_train == 96 and results.num_test == 12
+    fig = figures.probe_figure(results, depth=2)
+    assert len(fig.data) == 4 and len(fig.data[0].y) == 5  # cls/mean_patch x held-out/train, depths 0..4
 
 
 # ---- the real app in headless Chromium ----------------------------------------------------------------------------
@@ -120,8 +225,8 @@ def browser(app):
         yield duo
 
 
-def graph_data(duo, graph_id: str) -> list:
-    """The traces drawn in a dcc.Graph (waits until there is at least one with data)."""
+def graph_data(duo, graph_id: str) -> str:
+    """The trace types and title of a dcc.Graph as JSON (waits until it has a trace)."""
     script = (
         "const g = document.querySelector('#' + arguments[0] + ' .js-plotly-plot');"
         "return g && g.data && g.data.length ? JSON.stringify([g.data.map(t => t.type), g.layout.title]) : null;"
@@ -129,10 +234,35 @@ def graph_data(duo, graph_id: str) -> list:
     return WebDriverWait(duo.driver, 30).until(lambda driver: driver.execute_script(script, graph_id))
 
 
+def wait_for_url(duo, *parts: str) -> str:
+    """Wait until the page URL contains every part; return it."""
+    WebDriverWait(duo.driver, 30).until(lambda driver: all(p in driver.current_url for p in parts))
+    return duo.driver.current_url
+
+
+def open_page(duo, query: str = "") -> None:
+    """Load the app at a query string and wait for it to draw."""
+    duo.wait_for_page(url=duo.server_url + "/" + query)
+    duo.wait_for_contains_text("#predictions", "top-5 predictions", timeout=30)
+
+
 def open_tab(duo, label: str) -> None:
     """Click a tab by its label."""
     tab = next(t for t in duo.find_elements("#tabs .tab") if t.text == label)
     tab.click()
+
+
+def click_plot(duo, graph_id: str, subplot: int = 0) -> dict:
+    """A real mouse click in the middle of one subplot of a graph; returns the point plotly reports."""
+    listen = (
+        "const g = document.querySelector('#' + arguments[0] + ' .js-plotly-plot'); window.clicked = null;"
+        "g.on('plotly_click', e => { const p = e.points[0];"
+        " window.clicked = {x: p.x, y: p.y, curve: p.curveNumber, customdata: p.customdata}; });"
+    )
+    duo.driver.execute_script(listen, graph_id)
+    area = duo.find_elements(f"#{graph_id} .nsewdrag")[subplot]
+    ActionChains(duo.driver).move_to_element(area).click().perform()
+    return WebDriverWait(duo.driver, 10).until(lambda driver: driver.execute_script("return window.clicked;"))
 
 
 def assert_no_console_errors(duo) -> None:
@@ -142,21 +272,25 @@ def assert_no_console_errors(duo) -> None:
 @needs_browser
 def test_every_tab_renders_a_figure(browser):
     duo = browser
-    duo.wait_for_contains_text("#predictions", "top-5 predictions", timeout=30)
+    open_page(duo)
     assert len(duo.find_elements("#topk li")) == 5
     duo.wait_for_contains_text("#model-card", '"variant": "lkat_micro"', timeout=30)
     assert '"dataset": "digits"' in duo.find_element("#model-card").text
     assert "scatter" in graph_data(duo, "training-curves")
     views = {
-        "Edge functions": ["fc1-curves", "fc2-curves", "edge-importance"],
-        "Gates & attention": ["gate-half-life", "gate-heads", "cls-attention"],
-        "Tokens": ["token-norms"],
-        "Attributions": ["attribution-figure"],
+        "Edge functions": ["fc1-curves", "fc2-curves", "edge-coverage", "edge-importance", "edge-detail"],
+        "Gates & attention": ["gate-half-life", "gate-heads", "gate-channels", "cls-attention", "patch-attention"],
+        "Tokens": ["token-norms", "token-outliers"],
+        "Attributions": ["attribution-figure", "attribution-curves"],
+        "Probes": ["probe-figure"],
     }
     for label, graphs in views.items():
         open_tab(duo, label)
         for graph_id in graphs:
             assert graph_data(duo, graph_id), f"{label}: {graph_id} has no data"
+    open_tab(duo, "Gates & attention")
+    assert "heatmap" in graph_data(duo, "rollout")
+    open_tab(duo, "Attributions")
     assert "heatmap" in graph_data(duo, "attribution-figure")
     assert_no_console_errors(duo)
 
@@ -164,7 +298,7 @@ def test_every_tab_renders_a_figure(browser):
 @needs_browser
 def test_block_change_updates_figures_and_url(browser):
     duo = browser
-    duo.wait_for_page(url=duo.server_url + "/?block=2")
+    open_page(duo, "?block=2")
     open_tab(duo, "Gates & attention")
     duo.wait_for_contains_text("#cls-attention", "block 2", timeout=30)
     assert "block=2" in duo.driver.current_url
@@ -174,7 +308,8 @@ def test_block_change_updates_figures_and_url(browser):
     duo.find_element("#next-block").click()
     duo.wait_for_contains_text("#fc1-curves", "block 3 fc1", timeout=30)
     assert graph_data(duo, "fc1-curves") != before
-    WebDriverWait(duo.driver, 10).until(lambda driver: "block=3" in driver.current_url)
+    duo.wait_for_contains_text("#edge-coverage", "block 3", timeout=30)
+    wait_for_url(duo, "block=3")
     duo.find_element("#next-block").click()  # wraps around
     duo.wait_for_contains_text("#fc1-curves", "block 0 fc1", timeout=30)
     duo.find_element("#prev-block").click()
@@ -187,15 +322,87 @@ def test_block_change_updates_figures_and_url(browser):
 
 
 @needs_browser
+def test_url_restores_block_image_and_head(browser):
+    duo = browser
+    open_page(duo, "?block=2&image=3&head=1")
+    duo.wait_for_contains_text("#predictions", "image 3 (label", timeout=30)
+    assert [duo.find_element(f"#{i}").text.split(" ")[0] for i in ("block", "image", "head")] == ["2", "3", "1"]
+    open_tab(duo, "Gates & attention")
+    duo.wait_for_contains_text("#cls-attention", "block 2 head 1", timeout=30)
+    duo.wait_for_contains_text("#gate-channels", "block 2 head 1", timeout=30)
+    assert "block=2&image=3&head=1" in duo.driver.current_url
+    assert_no_console_errors(duo)
+
+
+@needs_browser
+def test_block_keys(browser):
+    duo = browser
+    open_page(duo, "?block=1")
+    open_tab(duo, "Edge functions")
+    duo.wait_for_contains_text("#fc1-curves", "block 1 fc1", timeout=30)
+    duo.find_element("h2").click()  # focus outside any field
+    ActionChains(duo.driver).send_keys("]").perform()
+    duo.wait_for_contains_text("#fc1-curves", "block 2 fc1", timeout=30)
+    ActionChains(duo.driver).send_keys(Keys.ARROW_LEFT).perform()
+    duo.wait_for_contains_text("#fc1-curves", "block 1 fc1", timeout=30)
+    ActionChains(duo.driver).send_keys("[").perform()
+    wait_for_url(duo, "block=0")
+    assert_no_console_errors(duo)
+
+
+@needs_browser
+def test_clicks_select_edge_head_and_patch(browser):
+    duo = browser
+    open_page(duo, "?block=1")
+    open_tab(duo, "Edge functions")
+    graph_data(duo, "edge-importance")
+    q, p = click_plot(duo, "edge-importance")["customdata"]
+    duo.wait_for_contains_text("#edge-detail", f"block 1 fc1 φ[{q},{p}] ≈", timeout=30)
+    open_tab(duo, "Gates & attention")
+    graph_data(duo, "gate-heads")
+    point = click_plot(duo, "gate-heads")  # x: head, y: block
+    wait_for_url(duo, f"block={point['y']}", f"head={point['x']}")
+    duo.wait_for_contains_text("#gate-channels", f"block {point['y']} head {point['x']}", timeout=30)
+    point = click_plot(duo, "gate-half-life", subplot=1)  # the second head's map
+    wait_for_url(duo, f"head={point['curve']}")
+    graph_data(duo, "cls-attention")
+    point = click_plot(duo, "cls-attention", subplot=1)  # on the overlay, in pixels of the 16x16 image
+    patch = int(round(point["y"])) // 4 * 4 + int(round(point["x"])) // 4
+    wait_for_url(duo, f"patch={patch}")
+    duo.wait_for_contains_text("#patch-attention", f"what patch {patch} reads", timeout=30)
+    duo.wait_for_contains_text("#patch-label", f"patch {patch} (row", timeout=30)
+    open_tab(duo, "Tokens")
+    duo.wait_for_contains_text("#token-norms", f"patch {patch}", timeout=30)
+    assert_no_console_errors(duo)
+
+
+@needs_browser
+def test_compare_with_a_baseline(browser):
+    duo = browser
+    open_page(duo, "?block=1")
+    duo.select_dcc_dropdown("#compare", index=1)
+    duo.wait_for_contains_text("#compare-overview", '"variant": "vit_tiny_patch16_224"', timeout=30)
+    open_tab(duo, "Edge functions")
+    duo.wait_for_contains_text("#compare-edges", "not applicable", timeout=30)
+    graph_data(duo, "fc1-curves")
+    open_tab(duo, "Tokens")
+    assert "scatter" in graph_data(duo, "compare-token-norms")
+    duo.select_dcc_dropdown("#compare", index=0)  # the same run side by side
+    open_tab(duo, "Edge functions")
+    duo.wait_for_contains_text("#compare-edges", "block 1 fc1", timeout=30)
+    assert_no_console_errors(duo)
+
+
+@needs_browser
 def test_upload_png_and_non_image(browser, tmp_path: Path):
     duo = browser
-    duo.wait_for_page(url=duo.server_url + "/")
+    open_page(duo)
     open_tab(duo, "Attributions")
     graph_data(duo, "attribution-figure")
     picture = tmp_path / "bar.png"
     picture.write_bytes(png_bytes())
     duo.find_element("#upload input[type=file]").send_keys(str(picture))
-    duo.wait_for_contains_text("#attribution-figure", "attribution of bar.png", timeout=30)
+    duo.wait_for_contains_text("#attribution-figure", "predicted class in bar.png", timeout=30)
     assert "heatmap" in graph_data(duo, "attribution-figure")
     assert duo.find_element("#upload-message").text == ""
     text = tmp_path / "notes.txt"
@@ -208,7 +415,7 @@ def test_upload_png_and_non_image(browser, tmp_path: Path):
 @needs_browser
 def test_oversized_upload_shows_error(browser, tmp_path: Path):
     duo = browser
-    duo.wait_for_page(url=duo.server_url + "/")
+    open_page(duo)
     open_tab(duo, "Attributions")
     graph_data(duo, "attribution-figure")
     big = tmp_path / "big.png"

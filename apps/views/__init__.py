@@ -1,0 +1,7 @@
+"""The explorer's tabs: each module lays out one view and registers its callbacks."""
+
+from . import attributions, edges, gates, overview, probes, tokens
+
+VIEWS = (overview, edges, gates, tokens, attributions, probes)
+
+__all__ = ["VIEWS", "attributions", "edges", "gates", "overview", "probes", "tokens"]

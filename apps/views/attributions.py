@@ -1,0 +1,131 @@
+"""Attributions of a dataset image or an uploaded one: method, class, overlay and deletion/insertion curves."""
+
+from __future__ import annotations
+
+import base64
+
+import dash
+import plotly.graph_objects as go
+from dash import Input, Output, State, ctx, dcc, html
+from lkat_lens.apps.state import MAX_UPLOAD_BYTES, BadUpload, CheckpointState, ExplorerState, attribute, faithfulness
+
+from lkat_lens import figures
+
+from .common import graph, require_tab
+
+TAB = "attributions"
+BROWSER_UPLOAD_CAP = 4 * MAX_UPLOAD_BYTES  # dcc.Upload drops larger files in the browser, without a message
+METHODS = ("integrated_gradients", "saliency", "input_x_gradient", "gradient_shap")
+PREDICTED = -1  # the class dropdown's "predicted class"
+
+
+def tab(state: ExplorerState) -> dcc.Tab:
+    """The Attributions tab."""
+    classes = [{"label": "predicted class", "value": PREDICTED}]
+    classes += [{"label": f"{i}: {name}", "value": i} for i, name in enumerate(state[0].class_names)]
+    return dcc.Tab(
+        label="Attributions",
+        value=TAB,
+        children=[
+            html.Div(
+                [
+                    dcc.Dropdown(
+                        id="method",
+                        options=list(METHODS),
+                        value=METHODS[0],
+                        clearable=False,
+                        style={"width": "20em"},
+                    ),
+                    html.Label("class", htmlFor="target"),
+                    dcc.Dropdown(
+                        id="target", options=classes, value=PREDICTED, clearable=False, style={"width": "14em"}
+                    ),
+                ],
+                style={"display": "flex", "alignItems": "center", "gap": "1em"},
+            ),
+            dcc.Upload(
+                id="upload",
+                children=html.Div(
+                    [
+                        "Drop an image here or ",
+                        html.A("choose a file"),
+                        f" (PNG/JPEG, at most {MAX_UPLOAD_BYTES // 2**20} MiB)",
+                    ]
+                ),
+                max_size=BROWSER_UPLOAD_CAP,
+                multiple=False,
+                style={"border": "1px dashed #888", "padding": "1em", "margin": "0.5em 0", "textAlign": "center"},
+            ),
+            html.Div(id="upload-message", role="alert", style={"color": "#b00020"}),
+            html.Div(
+                [graph("attribution-figure"), graph("attribution-curves")],
+                style={"display": "flex", "flexWrap": "wrap", "gap": "1em"},
+            ),
+        ],
+    )
+
+
+def decode_upload(contents: str) -> bytes:
+    """The bytes of a dcc.Upload data URL; BadUpload if it is not one."""
+    _, _, payload = contents.partition(",")
+    try:
+        return base64.b64decode(payload, validate=True)
+    except ValueError:
+        raise BadUpload("the upload is not base64 data") from None
+
+
+def class_of(target: int | None) -> int | None:
+    """The dropdown's class as an attribution target (None: the predicted class)."""
+    return None if target is None or target == PREDICTED else int(target)
+
+
+def title(ckpt: CheckpointState, method: str, target: int | None, of: str) -> str:
+    """What an attribution figure shows: method, class and image."""
+    chosen = "the predicted class" if target is None else f"class {ckpt.class_name(target)}"
+    return f"{method} attribution of {chosen} in {of}"
+
+
+def dataset_figures(ckpt: CheckpointState, image: int, method: str, target: int | None) -> list[go.Figure]:
+    """Overlay and deletion/insertion curves of a sample image's attribution."""
+    found = ckpt.attribution(image, method, target)
+    overlay = figures.attribution_figure(
+        found, ckpt.shown[image : image + 1], title=title(ckpt, method, target, f"image {image}")
+    )
+    return [overlay, figures.faithfulness_figure(ckpt.faithfulness(image, method, target))]
+
+
+def upload_figures(ckpt: CheckpointState, content: bytes, name: str, method: str, target: int | None):
+    """Overlay and curves of an uploaded image's attribution; BadUpload if the file is no usable image."""
+    images = ckpt.upload(content)
+    found = attribute(ckpt.model, images, method, target)
+    overlay = figures.attribution_figure(found, ckpt.display(images), title=title(ckpt, method, target, name))
+    return [overlay, figures.faithfulness_figure(faithfulness(ckpt.model, images, found))]
+
+
+def register(app: dash.Dash, state: ExplorerState) -> None:
+    """Attribution callbacks."""
+
+    @app.callback(
+        Output("attribution-figure", "figure"),
+        Output("attribution-curves", "figure"),
+        Output("upload-message", "children"),
+        Input("tabs", "value"),
+        Input("checkpoint", "value"),
+        Input("image", "value"),
+        Input("method", "value"),
+        Input("target", "value"),
+        Input("upload", "contents"),
+        State("upload", "filename"),
+    )
+    def attribution(tab_value, index, image, method, target, contents, filename):
+        """The current image's attribution, or the upload's (a message in the page when it is unreadable)."""
+        require_tab(tab_value, TAB)
+        ckpt, target = state[index], class_of(target)
+        if contents and ctx.triggered_id != "image":
+            name = filename or "the upload"
+            try:
+                overlay, curves = upload_figures(ckpt, decode_upload(contents), name, method, target)
+            except BadUpload as err:
+                return dash.no_update, dash.no_update, f"{filename or 'upload'}: {err}"
+            return overlay, curves, ""
+        return *dataset_figures(ckpt, image, method, target), ""

@@ -1,0 +1,190 @@
+"""Edge functions: a block's top-k fc1/fc2 curves, input coverage, importance heatmap and one clicked edge's fit."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import dash
+import plotly.graph_objects as go
+from dash import Input, Output, State, dcc, html
+from lkat_lens.apps.state import CheckpointState, ExplorerState
+
+from lkat_lens import figures
+
+from .common import block_message, compare_panel, graph, message_figure, require_tab, side_by_side, static_graph
+
+TAB = "edges"
+LAYERS = ("fc1", "fc2")
+
+
+def tab(state: ExplorerState) -> dcc.Tab:
+    """The Edge functions tab."""
+    main = [
+        graph("fc1-curves"),
+        graph("fc2-curves"),
+        graph("edge-coverage"),
+        dcc.RadioItems(id="edge-layer", options=list(LAYERS), value=LAYERS[0], inline=True),
+        html.P("Click a cell of the heatmap to see that edge's curve and symbolic fit."),
+        dcc.Store(id="edge"),
+        graph("edge-importance"),
+        graph("edge-detail"),
+    ]
+    return dcc.Tab(label="Edge functions", value=TAB, children=side_by_side(main, "compare-edges"))
+
+
+def not_applicable(ckpt: CheckpointState, block: int) -> str | None:
+    """Why the checkpoint has no edge functions to show at this block, or None."""
+    if not ckpt.has_kan:
+        return f"not applicable: {ckpt.info.model_name} has no KAN layers"
+    return block_message(ckpt, block)
+
+
+def block_figures(ckpt: CheckpointState, block: int) -> list[go.Figure]:
+    """fc1 and fc2 top-k curves of a block and the input coverage of both (built once per block)."""
+    reason = not_applicable(ckpt, block)
+    if reason:
+        return [message_figure(reason)] * 3
+    return ckpt.cached(("edge_figures", block), lambda: build_block_figures(ckpt, block))
+
+
+def build_block_figures(ckpt: CheckpointState, block: int) -> list[go.Figure]:
+    """fc1 and fc2 top-k curves of a block and the input coverage of both."""
+    layers = ckpt.block_layers(block)
+    figs, coverages, centers = [], {}, []
+    for short in LAYERS:
+        if short not in layers:
+            figs.append(message_figure(f"block {block} has no KAN {short}"))
+            continue
+        curves, scores, stats = ckpt.edge_curves(block, short)
+        title = f"block {block} {short}: top {len(scores)} edge functions by std over real inputs"
+        figs.append(figures.edge_curve_figure(curves, stats.coverage, scores=scores, title=title))
+        coverages[short] = stats.coverage
+        centers = curves.centers.tolist()
+    title = f"block {block}: input coverage of the RBF grid (shaded: support [grid_min - h, grid_max + h])"
+    return [*figs, figures.coverage_figure(coverages, centers, title=title)]
+
+
+def layer_missing(ckpt: CheckpointState, block: int, layer: str) -> str | None:
+    """Why the checkpoint has no such KAN layer at this block, or None."""
+    reason = not_applicable(ckpt, block)
+    if reason is None and layer not in ckpt.block_layers(block):
+        reason = f"block {block} has no KAN {layer}"
+    return reason
+
+
+def importance(ckpt: CheckpointState, block: int, layer: str) -> go.Figure:
+    """The importance heatmap of a block's layer (built once per block and layer)."""
+    reason = layer_missing(ckpt, block, layer)
+    if reason:
+        return message_figure(reason)
+
+    def build() -> go.Figure:
+        edge_std = ckpt.edge_importance(block, layer).edge_std
+        return figures.importance_figure(edge_std, f"block {block} {layer}: edge importance")
+
+    return ckpt.cached(("importance_figure", block, layer), build)
+
+
+def clicked_edge(ckpt: CheckpointState, block: int, layer: str, point: dict[str, Any]) -> tuple[int, int]:
+    """The edge shown where the heatmap of a block's layer was clicked (x, y: the tile's first channels)."""
+    _, edges, tile = figures.importance_tiles(ckpt.edge_importance(block, layer).edge_std)
+    q, p = edges[int(point["y"]) // tile[0], int(point["x"]) // tile[1]].tolist()
+    return q, p
+
+
+def chosen_edge(ckpt: CheckpointState, block: int, layer: str, edge: dict[str, Any] | None) -> tuple[int, int]:
+    """The clicked edge when it belongs to this block and layer, else the layer's most important edge."""
+    if edge and edge.get("block") == block and edge.get("layer") == layer:
+        return int(edge["q"]), int(edge["p"])
+    q, p, _ = ckpt.edge_importance(block, layer).top_edges(1)[0]
+    return q, p
+
+
+def edge_detail(ckpt: CheckpointState, block: int, layer: str, edge: dict[str, Any] | None) -> go.Figure:
+    """One edge's curve with its symbolic fit (the clicked one, or the most important)."""
+    reason = layer_missing(ckpt, block, layer)
+    if reason:
+        return message_figure(reason)
+    q, p = chosen_edge(ckpt, block, layer, edge)
+    curves, fit = ckpt.edge_fit(block, layer, (q, p))
+    stats = ckpt.layer_statistics()[ckpt.block_layers(block)[layer]]
+    best = fit.best
+    title = f"block {block} {layer} φ[{q},{p}] ≈ {best.formula()}  (R² {best.r2:.4f})"
+    return figures.edge_fit_figure(curves, fit, stats.coverage, title=title)
+
+
+def register(app: dash.Dash, state: ExplorerState) -> None:
+    """Edge-function callbacks."""
+
+    @app.callback(
+        Output("fc1-curves", "figure"),
+        Output("fc2-curves", "figure"),
+        Output("edge-coverage", "figure"),
+        Input("tabs", "value"),
+        Input("checkpoint", "value"),
+        Input("block", "value"),
+    )
+    def curves(tab_value: str, index: int, block: int) -> list[go.Figure]:
+        """Curves and coverage of the block."""
+        require_tab(tab_value, TAB)
+        return block_figures(state[index], block)
+
+    @app.callback(
+        Output("edge-importance", "figure"),
+        Input("tabs", "value"),
+        Input("checkpoint", "value"),
+        Input("block", "value"),
+        Input("edge-layer", "value"),
+    )
+    def heatmap(tab_value: str, index: int, block: int, layer: str) -> go.Figure:
+        """Importance heatmap of the block's chosen layer."""
+        require_tab(tab_value, TAB)
+        return importance(state[index], block, layer)
+
+    @app.callback(
+        Output("edge", "data"),
+        Input("edge-importance", "clickData"),
+        State("checkpoint", "value"),
+        State("block", "value"),
+        State("edge-layer", "value"),
+    )
+    def pick(click: dict[str, Any] | None, index: int, block: int, layer: str) -> dict[str, Any] | None:
+        """The edge under a heatmap click (a tile names its strongest edge)."""
+        if not click:
+            return None
+        q, p = clicked_edge(state[index], block, layer, click["points"][0])
+        return {"block": block, "layer": layer, "q": q, "p": p}
+
+    @app.callback(
+        Output("edge-detail", "figure"),
+        Input("tabs", "value"),
+        Input("checkpoint", "value"),
+        Input("block", "value"),
+        Input("edge-layer", "value"),
+        Input("edge", "data"),
+    )
+    def detail(tab_value: str, index: int, block: int, layer: str, edge: dict[str, Any] | None) -> go.Figure:
+        """The chosen edge's curve and symbolic fit."""
+        require_tab(tab_value, TAB)
+        return edge_detail(state[index], block, layer, edge)
+
+    @app.callback(
+        Output("compare-edges", "children"),
+        Input("tabs", "value"),
+        Input("compare", "value"),
+        Input("block", "value"),
+        Input("edge-layer", "value"),
+    )
+    def compare(tab_value: str, index: int | None, block: int, layer: str) -> list:
+        """The same block's curves and importance in the compared checkpoint."""
+        require_tab(tab_value, TAB)
+
+        def panels(ckpt: CheckpointState) -> list:
+            fc1, fc2, _ = block_figures(ckpt, block)
+            return [
+                static_graph("compare-fc1-curves", fc1),
+                static_graph("compare-fc2-curves", fc2),
+                static_graph("compare-edge-importance", importance(ckpt, block, layer)),
+            ]
+
+        return compare_panel(state, index, panels)

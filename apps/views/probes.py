@@ -1,0 +1,35 @@
+"""Probes: how linearly decodable the labels are at each depth (fitted once, when the tab first opens)."""
+
+from __future__ import annotations
+
+import dash
+import plotly.graph_objects as go
+from dash import Input, Output, dcc, html
+from lkat_lens.apps.state import ExplorerState
+
+from lkat_lens import figures
+
+from .common import graph, require_tab
+
+TAB = "probes"
+
+
+def tab(state: ExplorerState) -> dcc.Tab:
+    """The Probes tab."""
+    note = (
+        f"Logistic-regression probes on the class token and the mean patch token, fitted on "
+        f"{state[0].probe_images} training images and scored on the explorer's sample; the line marks the block."
+    )
+    return dcc.Tab(label="Probes", value=TAB, children=[html.P(note), graph("probe-figure")])
+
+
+def register(app: dash.Dash, state: ExplorerState) -> None:
+    """Probe callbacks."""
+
+    @app.callback(
+        Output("probe-figure", "figure"), Input("tabs", "value"), Input("checkpoint", "value"), Input("block", "value")
+    )
+    def probe(tab_value: str, index: int, block: int) -> go.Figure:
+        """Probe accuracy per depth, the current block's output marked."""
+        require_tab(tab_value, TAB)
+        return figures.probe_figure(state[index].probes(), depth=block + 1)
