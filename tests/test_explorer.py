@@ -104,15 +104,18 @@ def test_cli_defaults_are_safe():
 def test_importance_tiles_name_their_strongest_edge():
     edge_std = torch.rand(10, 7, generator=torch.Generator().manual_seed(0))
     full = figures.importance_figure(edge_std, max_cells=16).data[0]
-    assert [list(row) for row in full.z] == edge_std.double().tolist()
-    assert list(full.customdata[4][6]) == [4, 6]  # a cell names its own edge
-    tiled = figures.importance_figure(edge_std, max_cells=4).data[0]  # 3x2 edges per tile
-    assert len(tiled.z) == 4 and len(tiled.z[0]) == 4
+    assert full.z.tolist() == edge_std.double().tolist()
+    assert (list(full.x), list(full.y)) == (list(range(7)), list(range(10)))  # a cell is its own edge
+    values, strongest, tile = figures.importance_tiles(edge_std, max_cells=4)
+    assert tile == (3, 2) and tuple(values.shape) == (4, 4)
+    tiled = figures.importance_figure(edge_std, max_cells=4).data[0]
+    assert tiled.z.tolist() == values.tolist()
     assert list(tiled.x) == [0, 2, 4, 6] and list(tiled.y) == [0, 3, 6, 9]
-    for r, row in enumerate(tiled.customdata):
-        for c, (q, p) in enumerate(row):
-            block = edge_std[3 * r : 3 * r + 3, 2 * c : 2 * c + 2]
-            assert edge_std[q, p] == block.max() == pytest.approx(tiled.z[r][c])
+    for r in range(4):
+        for c in range(4):
+            q, p = strongest[r, c].tolist()
+            assert 3 * r <= q < 3 * r + 3 and 2 * c <= p < 2 * c + 2
+            assert edge_std[q, p] == edge_std[3 * r : 3 * r + 3, 2 * c : 2 * c + 2].max() == values[r, c]
 
 
 def test_analyses_cached_once_per_block(app):
@@ -141,7 +144,7 @@ def test_analyses_cached_once_per_block(app):
     assert all(f.data for f in first)
     importance = ckpt.edge_importance(1, "fc1").edge_std
     assert tuple(importance.shape) == (256, 64)  # fc1: embed 64 -> hidden 256, drawn cell by cell
-    assert [list(row) for row in first[3].data[0].z] == importance.double().tolist()
+    assert first[3].data[0].z.tolist() == importance.double().tolist()
     q, p, _ = ckpt.edge_importance(1, "fc1").top_edges(1)[0]
     assert f"block 1 fc1 φ[{q},{p}] ≈" in first[4].layout.title.text and "R²" in first[4].layout.title.text
     assert "block 1 fc1" in first[0].layout.title.text and "block 1 head 1" in first[8].layout.title.text
@@ -152,7 +155,8 @@ def test_analyses_cached_once_per_block(app):
 def test_clicked_edge_gets_its_curve_and_symbolic_fit(app):
     ckpt = app.explorer_state[0]
     heatmap = edges.importance(ckpt, 2, "fc2").data[0]  # fc2: [64, 256], drawn in 1x1 tiles
-    assert edges.clicked_edge(ckpt, 2, "fc2", {"x": 17, "y": 5}) == tuple(heatmap.customdata[5][17]) == (5, 17)
+    assert (heatmap.x[17], heatmap.y[5]) == (17, 5)
+    assert edges.clicked_edge(ckpt, 2, "fc2", {"x": 17, "y": 5}) == (5, 17)
     fig = edges.edge_detail(ckpt, 2, "fc2", {"block": 2, "layer": "fc2", "q": 5, "p": 17})
     curve, fit = fig.data[1], fig.data[2]
     curves, result = ckpt.edge_fit(2, "fc2", (5, 17))
@@ -351,12 +355,12 @@ def test_block_keys(browser):
 
 
 @needs_browser
-def test_clicks_select_edge_head_and_patch(browser):
+def test_clicks_select_edge_head_and_patch(browser, app):
     duo = browser
     open_page(duo, "?block=1")
     open_tab(duo, "Edge functions")
     graph_data(duo, "edge-importance")
-    q, p = click_plot(duo, "edge-importance")["customdata"]
+    q, p = edges.clicked_edge(app.explorer_state[0], 1, "fc1", click_plot(duo, "edge-importance"))
     duo.wait_for_contains_text("#edge-detail", f"block 1 fc1 φ[{q},{p}] ≈", timeout=30)
     open_tab(duo, "Gates & attention")
     graph_data(duo, "gate-heads")
