@@ -20,7 +20,7 @@ python3 -c "import torch, triton, timm; print(torch.cuda.get_device_name(), torc
 files=("$@")
 [ ${#files[@]} -gt 0 ] || files=(tests/gpu/test_lkat_gpu.py tests/gpu/test_rbf_gpu.py tests/gpu/test_gla_gpu.py tests/gpu/test_train_gpu.py)
 for f in "${files[@]}"; do
-  name=$(basename "$f" .py)
+  name=$(basename "${f%%::*}" .py)
   timeout "${GPU_TEST_TIMEOUT:-400}" python3 -m pytest -q -m gpu -p no:cacheprovider -s "$f" > "$OUT/$name.log" 2>&1
   echo "$f: exit $? | $(tail -n 1 "$OUT/$name.log")"
 done

@@ -136,7 +136,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--amp",
         choices=("auto", "bf16", "fp16", "off"),
         default="auto",
-        help="autocast dtype (auto: bf16 on CUDA, off on CPU)",
+        help="autocast dtype (auto: bf16 on CUDA, off on CPU; off on CUDA also turns TF32 off: full fp32)",
     )
     g.add_argument("--compile", action="store_true", help="torch.compile the model")
     g.add_argument(
@@ -577,6 +577,8 @@ def setup_run(args: argparse.Namespace, info: lkdist.DistInfo) -> Run:
         torch.set_num_threads(threads)
     seed_all(cfg["seed"] + info.rank)
     amp_dtype = amp_dtype_for(cfg["amp"], info.device)
+    if info.device.type == "cuda":  # TF32 matmuls alongside autocast; --amp off is full fp32
+        torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = amp_dtype is not None
 
     train_ds, val_ds, data_info = build_datasets(cfg, recipe, info)
     train_loader, val_loader, gen = build_loaders(cfg, info, train_ds, val_ds, recipe.mixes)
@@ -691,9 +693,6 @@ def main(argv: list[str] | None = None) -> int:
     info: lkdist.DistInfo | None = None
     try:
         info = lkdist.setup(args.device)
-        if info.device.type == "cuda":
-            torch.backends.cuda.matmul.allow_tf32 = True
-            torch.backends.cudnn.allow_tf32 = True
         train(setup_run(args, info))
         return 0
     except (*USER_ERRORS, NonFiniteLoss, CheckpointWriteError, lkdist.DeviceError) as err:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -50,33 +51,52 @@ def test_compile_trains(tmp_path):
     assert run.step == 4 and math.isfinite(run.metrics[-1]["train_loss"])
 
 
-@pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs 2 GPUs")
-def test_two_gpus_match_one_gpu_after_20_steps(tmp_path):
-    """Same global batch 64 (2 x 32 vs 1 x 64), no data randomness: losses agree to 1e-3 relative."""
+def train_runs(tmp_path: Path, steps: int, **how: list[str]) -> dict[str, dict]:
+    """Run the trainer once per entry of `how` (name -> launcher words), two at a time; the last metrics of each."""
     args = [
-        *"-m lkat_lens.train --model lkat_tiny_patch16_224 --img-size 224 --recipe plain".split(),
-        *"--batch-size 64 --epochs 1 --max-steps 20 --lr 3e-4 --warmup-epochs 0".split(),
-        "--out-dir",
-        str(tmp_path),
+        *"-m lkat_lens.train --model lkat_tiny_patch16_224 --img-size 224 --recipe plain --amp off".split(),
+        *f"--batch-size 64 --epochs 1 --max-steps {steps} --lr 3e-4 --warmup-epochs 0 --out-dir".split(),
+        str(tmp_path / str(steps)),
     ]
-    single = subprocess.run(
-        [sys.executable, *args, "--name", "one"], capture_output=True, text=True, timeout=600
-    )
-    assert single.returncode == 0, single.stderr
-    torchrun = str(Path(sys.executable).parent / "torchrun")
-    multi = subprocess.run(
-        [torchrun, "--standalone", "--nproc_per_node=2", *args, "--name", "two"],
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
-    assert multi.returncode == 0, multi.stderr
-    one = torch.load(tmp_path / "one" / "last.pt", weights_only=True)["metrics"][-1]
-    two = torch.load(tmp_path / "two" / "last.pt", weights_only=True)["metrics"][-1]
+    env = {**os.environ, "CUBLAS_WORKSPACE_CONFIG": ":4096:8"}
+    names = list(how)
+    for pair in (names[i : i + 2] for i in range(0, len(names), 2)):
+        procs = [
+            subprocess.Popen([*how[n], *args, "--name", n], env=env, stderr=subprocess.PIPE, text=True) for n in pair
+        ]
+        for proc in procs:
+            _, err = proc.communicate(timeout=600)
+            assert proc.returncode == 0, err
+    return {n: torch.load(tmp_path / str(steps) / n / "last.pt", weights_only=True)["metrics"][-1] for n in how}
+
+
+@pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs 2 GPUs")
+def test_two_gpus_match_one_gpu(tmp_path):
+    """Same global batch 64 (2 x 32 vs 1 x 64), no data randomness, full fp32.
+
+    After one step the runs are the same model: equal loss, and equal validation loss after the update. After 20
+    steps they agree to 1e-3 or to the gap between two identical 1-GPU runs, whichever is larger: the fla and Triton
+    backward passes are not bit-reproducible, and AdamW turns rounding-level gradient differences of near-zero
+    (cancelling) weight gradients into +-lr updates, so 1-GPU runs drift from each other too (measured on 2 H200s:
+    20-step train loss 2.03347 one GPU, 2.03626 the same again, 2.03405 two GPUs; in bf16 one vs two GPUs differ
+    by 1.6 %).
+    """
+    torchrun = [str(Path(sys.executable).parent / "torchrun"), "--standalone", "--nproc_per_node=2"]
+    one_gpu = [sys.executable]
+    first = train_runs(tmp_path, 1, one=one_gpu, two=torchrun)
     print(
-        f"1 GPU: train_loss {one['train_loss']:.6f} val_loss {one['val_loss']:.6f}; "
-        f"2 GPUs: train_loss {two['train_loss']:.6f} val_loss {two['val_loss']:.6f}"
+        f"1 step: train_loss {first['one']['train_loss']:.7f} vs {first['two']['train_loss']:.7f}, "
+        f"val_loss {first['one']['val_loss']:.7f} vs {first['two']['val_loss']:.7f}"
     )
-    assert one["step"] == two["step"] == 20
-    assert two["train_loss"] == pytest.approx(one["train_loss"], rel=1e-3)
-    assert two["val_loss"] == pytest.approx(one["val_loss"], rel=1e-3)
+    assert first["two"]["train_loss"] == pytest.approx(first["one"]["train_loss"], rel=1e-6)
+    assert first["two"]["val_loss"] == pytest.approx(first["one"]["val_loss"], rel=1e-5)
+    runs = train_runs(tmp_path, 20, one=one_gpu, again=["env", "CUDA_VISIBLE_DEVICES=1", sys.executable], two=torchrun)
+    loss = {n: m["train_loss"] for n, m in runs.items()}
+    noise = abs(loss["again"] - loss["one"]) / loss["one"]
+    gap = abs(loss["two"] - loss["one"]) / loss["one"]
+    print(
+        f"20 steps: train_loss 1 GPU {loss['one']:.6f}, again {loss['again']:.6f}, 2 GPUs {loss['two']:.6f}; "
+        f"2-GPU gap {gap:.2e}, 1-GPU run-to-run gap {noise:.2e}"
+    )
+    assert all(m["step"] == 20 for m in runs.values())
+    assert gap <= max(1e-3, 3 * noise)
