@@ -326,17 +326,18 @@ def cls_attention_figure(
     patch_size: tuple[int, int],
     title: str = "",
     head: int | None = None,
+    names: Sequence[str] | None = None,
 ) -> go.Figure:
     """Class-token attention on the patches (head mean, or one head) overlaid on each image, one row per block.
 
-    `images` are display images [B, H, W, 3] uint8. Traces per image: the image, then per block the image and a
-    heatmap with z = patch_maps[block, image].mean(heads) (or patch_maps[block, image, head]).
+    `images` are display images [B, H, W, 3] uint8, titled by `names` (default "image b"). Traces per image: the
+    image, then per block the image and a heatmap with z = patch_maps[block, image].mean(heads) (or [..., head]).
     """
     per_head = attention.patch_maps.double()
     maps = per_head.mean(2) if head is None else per_head[:, :, head]  # [L, B, gh, gw]
     n_images = images.shape[0]
     rows = 1 + len(attention.blocks)
-    titles = [f"image {b}" for b in range(n_images)]
+    titles = list(names) if names is not None else [f"image {b}" for b in range(n_images)]
     titles += [
         f"block {blk} ({kind})" if b == 0 else ""
         for blk, kind in zip(attention.blocks, attention.kinds, strict=True)
@@ -502,11 +503,15 @@ def edge_fit_figure(
     """One edge function (the first of `curves`) with its best symbolic fit and the layer's input distribution."""
     q, p = curves.edges[0].tolist()
     y = curves.values[0]
-    low, high = _y_span(torch.cat([y, fit.best(curves.x).clamp(y.min() - 1, y.max() + 1)]))
+    low, high = _y_span(y)  # the fit may leave this range outside the grid span, where it was not fitted
     fig = go.Figure()
     if coverage is not None:
         fig.add_trace(_shade(coverage, low, high))
-    fig.add_trace(go.Scatter(x=curves.x.tolist(), y=y.tolist(), mode="lines", name=f"φ[{q},{p}]", line={"width": 3}))
+    fig.add_trace(
+        go.Scatter(
+            x=curves.x.tolist(), y=y.tolist(), mode="lines", name=f"φ[{q},{p}]", line={"width": 3, "color": CURVE_COLOR}
+        )
+    )
     fig.add_trace(
         go.Scatter(
             x=curves.x.tolist(),
@@ -601,7 +606,11 @@ def patch_map_figure(
     fig.update_xaxes(**axes["x"])
     fig.update_yaxes(**axes["y"], scaleanchor="x")
     fig.update_layout(
-        title=title, template=TEMPLATE, width=460, height=440, margin={"l": 20, "r": 20, "t": 70, "b": 20}
+        title={"text": title, "font": {"size": 12}},
+        template=TEMPLATE,
+        width=460,
+        height=440,
+        margin={"l": 20, "r": 20, "t": 70, "b": 20},
     )
     return fig
 

@@ -75,6 +75,7 @@ def attention_figures(ckpt: CheckpointState, block: int, image: int, head: int, 
             ckpt.shown[image : image + 1],
             patch_size=ckpt.patch_size(),
             head=head,
+            names=[f"image {image}"],
             title=f"block {block} head {head}: CLS {kind}",
         ),
     )
