@@ -48,15 +48,21 @@ def assert_one_line_exit_2(proc: subprocess.CompletedProcess, match: str) -> Non
     assert "Traceback" not in proc.stderr
 
 
-@pytest.mark.parametrize("command", ["info", "analyze"])
+COMMANDS = {  # every CLI command that opens a checkpoint, with the outputs it must not write
+    "info": [],
+    "analyze": ["--out", "{tmp}/r.json"],
+    "figures": ["--out", "{tmp}/figs"],
+    "explore": ["--port", "0"],
+}
+
+
+@pytest.mark.parametrize("command", COMMANDS)
 def test_code_running_pickle_is_refused_by_the_cli(tmp_path, command):
     marker, path = tmp_path / "pwned", tmp_path / "evil.pt"
     write_evil(path, marker)
-    proc = run_cli(command, str(path), "--out", str(tmp_path / "r.json")) if command == "analyze" else run_cli(
-        command, str(path)
-    )
+    proc = run_cli(command, str(path), *(a.format(tmp=tmp_path) for a in COMMANDS[command]))
     assert_one_line_exit_2(proc, "refusing to load")
-    assert not marker.exists() and not (tmp_path / "r.json").exists()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["evil.pt"]  # no marker, no report, no figures
 
 
 def test_code_running_pickle_as_reference_state_dict_is_refused(tmp_path):
@@ -142,15 +148,13 @@ def test_broken_checkpoint_gives_one_clear_error(tmp_path, micro_sd, case):
     assert match in str(err.value) and "\n" not in str(err.value)
 
 
-@pytest.mark.parametrize("command", ["info", "analyze"])
+@pytest.mark.parametrize("command", COMMANDS)
 @pytest.mark.parametrize("case", ["truncated", "other-architecture", "wrong-shapes", "zip-not-checkpoint"])
 def test_cli_exits_2_with_one_line(tmp_path, micro_sd, capsys, case, command):
     write, match = BROKEN[case]
     path = tmp_path / "ckpt.pt"
     write(path, micro_sd)
-    argv = [command, str(path)] + (["--out", str(tmp_path / "r.json")] if command == "analyze" else [])
-    assert cli.main(argv) == 2
+    assert cli.main([command, str(path), *(a.format(tmp=tmp_path) for a in COMMANDS[command])]) == 2
     out, err = capsys.readouterr()
     assert out == "" and err.count("\n") == 1 and err.startswith("lkat-lens: error:") and match in err
-    assert not (tmp_path / "r.json").exists()
-
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["ckpt.pt"]

@@ -11,10 +11,11 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from lkat_lens.kernels.rbf import rbf_grid_linear
 from lkat_lens.models import KAN_BASES, KANLayer
-from PIL import Image, UnidentifiedImageError
+from PIL import Image
 
 import lkat_lens
-from lkat_lens.data import eval_transform_for
+from lkat_lens.data import DataError
+from lkat_lens.images import load_image
 
 DTYPES = [torch.float64, torch.float32, torch.bfloat16, torch.float16]
 # The largest finite magnitude drawn per dtype (bf16 rounds values near the fp32 maximum up to inf).
@@ -89,9 +90,15 @@ def test_rbf_gradients_are_finite_and_match_float64(case):
 def kan_cases(draw, max_abs: float, plain: bool) -> tuple[KANLayer, torch.Tensor]:
     """A seeded KANLayer of any basis (with all options unless `plain`) and a finite input batch."""
     d_in, d_out = draw(st.integers(1, 8)), draw(st.integers(1, 8))
-    options = {} if plain else {
-        "use_layernorm": draw(st.booleans()), "use_base_update": draw(st.booleans()), "gated": draw(st.booleans())
-    }
+    options = (
+        {}
+        if plain
+        else {
+            "use_layernorm": draw(st.booleans()),
+            "use_base_update": draw(st.booleans()),
+            "gated": draw(st.booleans()),
+        }
+    )
     torch.manual_seed(draw(st.integers(0, 2**31)))
     layer = KANLayer(d_in, d_out, num_grids=draw(st.integers(2, 8)), basis=draw(st.sampled_from(KAN_BASES)), **options)
     batch = tuple(draw(st.lists(st.integers(1, 4), min_size=0, max_size=2)))
@@ -117,8 +124,13 @@ def test_kan_layer_output_is_finite_up_to_the_fp32_maximum(case):
     assert torch.isfinite(layer(x)).all()
 
 
-DATA = {"img_size": 16, "mean": [0.5, 0.5, 0.5], "std": [0.25, 0.25, 0.25], "crop_pct": 0.875,
-        "interpolation": "bicubic"}
+DATA = {
+    "img_size": 16,
+    "mean": [0.5, 0.5, 0.5],
+    "std": [0.25, 0.25, 0.25],
+    "crop_pct": 0.875,
+    "interpolation": "bicubic",
+}
 
 
 def png_roundtrip(picture: Image.Image) -> Image.Image:
@@ -139,38 +151,83 @@ PICTURES = {
 }
 
 
+def file_bytes(picture: Image.Image, fmt: str = "PNG") -> bytes:
+    """The picture as a user's file holds it."""
+    buffer = io.BytesIO()
+    picture.save(buffer, format=fmt)
+    return buffer.getvalue()
+
+
+NOTES = {  # what load_image must say it did to each kind
+    "wrong-size": ["resized and center-cropped 40x25"],
+    "1x1": ["resized and center-cropped 1x1"],
+    "grayscale": ["converted L to RGB"],
+    "rgba": ["dropped the alpha channel", "converted RGBA to RGB"],
+    "16-bit": ["scaled I;16 (16-bit) gray to 8 bits", "converted L to RGB"],
+    "palette": ["converted P to RGB"],
+    "huge": ["resized and center-cropped 6000x4000"],
+}
+
+
 @pytest.mark.parametrize("kind", list(PICTURES))
-def test_eval_transform_gives_the_model_input_for_any_picture_in_rgb(kind):
-    """After .convert("RGB") (what the explorer does) every kind becomes a finite [3, 16, 16] normalised input."""
-    x = eval_transform_for(DATA)(PICTURES[kind]().convert("RGB"))
-    assert x.shape == (3, 16, 16) and x.dtype == torch.float32 and torch.isfinite(x).all()
-    assert x.min() >= -2.0 - 1e-6 and x.max() <= 2.0 + 1e-6  # (v - 0.5) / 0.25 for v in [0, 1]
+def test_load_image_turns_any_picture_into_the_model_input_and_says_what_it_did(kind, tmp_path):
+    """Every kind becomes a finite [3, 16, 16] normalised input, from bytes or from a file, with its notes."""
+    content = file_bytes(PICTURES[kind]())
+    path = tmp_path / "picture.png"
+    path.write_bytes(content)
+    for loaded in (load_image(content, DATA), load_image(path, DATA)):
+        x = loaded.tensor
+        assert x.shape == (3, 16, 16) and x.dtype == torch.float32 and torch.isfinite(x).all()
+        assert x.min() >= -2.0 - 1e-6 and x.max() <= 2.0 + 1e-6  # (v - 0.5) / 0.25 for v in [0, 1]
+        for note in NOTES[kind]:
+            assert any(n.startswith(note) for n in loaded.notes), (note, loaded.notes)
 
 
 def test_uniform_picture_maps_to_its_exact_normalised_colour():
-    """A flat (200, 10, 10) picture of any size, 1x1 included, is that colour everywhere after the transform."""
+    """A flat (200, 10, 10) picture of any size, 1x1 included, is that colour everywhere after loading."""
     expected = (torch.tensor([200, 10, 10]) / 255 - 0.5) / 0.25
     for kind in ("wrong-size", "1x1", "huge"):
-        x = eval_transform_for(DATA)(PICTURES[kind]())
+        x = load_image(file_bytes(PICTURES[kind]()), DATA).tensor
         assert torch.allclose(x, expected[:, None, None].expand(3, 16, 16), atol=1e-5), kind
 
 
-@pytest.mark.parametrize("kind", ["rgba", "16-bit", "grayscale", "palette"])
-def test_unconverted_picture_of_another_mode_is_refused(kind):
-    """Without conversion the transform raises on any non-RGB mode (callers must convert; torch's message)."""
-    with pytest.raises((RuntimeError, TypeError, ValueError)):
-        eval_transform_for(DATA)(PICTURES[kind]())
+def test_sixteen_bit_gray_is_scaled_to_eight_bits_not_clipped():
+    """A 16-bit PNG of 40000 is the 8-bit gray round(40000 / 257) = 156, not the 255 a plain convert() gives."""
+    deep = load_image(file_bytes(PICTURES["16-bit"]()), DATA).tensor
+    shallow = load_image(file_bytes(Image.new("L", (20, 20), 156)), DATA).tensor
+    torch.testing.assert_close(deep, shallow)
 
 
-@pytest.mark.parametrize("content", [b"\x89PNG\r\n\x1a\n" + b"\x00" * 50, b"just text, not an image", b""])
-def test_corrupt_file_or_non_image_is_refused_by_pil(content):
-    with pytest.raises((UnidentifiedImageError, OSError)):
-        Image.open(io.BytesIO(content)).load()
+def _truncated_png() -> bytes:
+    noisy = Image.fromarray(np.random.default_rng(0).integers(0, 255, (64, 64, 3), dtype=np.uint8))
+    return file_bytes(noisy)[:600]
 
 
-def test_transformed_pictures_run_through_a_model_to_finite_logits():
+BAD_FILES = {
+    "truncated-png": (_truncated_png, "corrupt or truncated"),
+    "png-header-only": (lambda: b"\x89PNG\r\n\x1a\n" + b"\x00" * 50, "not an image file"),
+    "text": (lambda: b"just text, not an image", "not an image file"),
+    "empty": (lambda: b"", "is empty"),
+    "too-many-pixels": (lambda: file_bytes(Image.new("L", (5000, 3000))), "over the limit of 10,000,000"),
+}
+
+
+@pytest.mark.parametrize("case", list(BAD_FILES))
+def test_bad_image_files_are_refused_with_one_message(case):
+    make, match = BAD_FILES[case]
+    with pytest.raises(DataError) as err:
+        load_image(make(), DATA, max_pixels=10_000_000)
+    assert match in str(err.value) and "\n" not in str(err.value)
+
+
+def test_missing_image_file_is_refused(tmp_path):
+    with pytest.raises(DataError, match="no such file"):
+        load_image(tmp_path / "nothing.png", DATA)
+
+
+def test_loaded_pictures_run_through_a_model_to_finite_logits():
     torch.manual_seed(0)
     model = lkat_lens.create_model("lkat_micro", num_classes=10).eval()
-    batch = torch.stack([eval_transform_for(DATA)(make().convert("RGB")) for make in PICTURES.values()])
+    batch = torch.stack([load_image(file_bytes(make()), DATA).tensor for make in PICTURES.values()])
     with torch.no_grad():
         assert torch.isfinite(model(batch)).all()
