@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import dataclasses
-import io
 import os
 import threading
 from collections.abc import Callable, Sequence
@@ -20,12 +19,12 @@ from lkat_lens.analyses.gates import GateStats
 from lkat_lens.analyses.probes import ProbeResults
 from lkat_lens.analyses.symbolic import SymbolicFitResult
 from lkat_lens.analyses.tokens import TokenNorms
-from PIL import Image, UnidentifiedImageError
 from torch import nn
 
 from lkat_lens.checkpoint import CheckpointInfo, load
-from lkat_lens.data import eval_transform_for
+from lkat_lens.data import DataError
 from lkat_lens.figures_cli import display_images, top_edge_curves
+from lkat_lens.images import LoadedImage, load_image
 from lkat_lens.report import Sample, load_sample
 
 T = TypeVar("T")
@@ -218,18 +217,15 @@ class CheckpointState:
 
         return self.cached(("probes",), compute)
 
-    def upload(self, content: bytes) -> torch.Tensor:
-        """An uploaded image file as one normalised model input [1, C, H, W]; BadUpload if too large or no image."""
+    def upload(self, content: bytes, name: str = "the upload") -> LoadedImage:
+        """An uploaded image file as a model input (lkat_lens.images.load_image); BadUpload if too large or unusable."""
         if len(content) > MAX_UPLOAD_BYTES:
-            raise BadUpload(f"{len(content) / 2**20:.1f} MiB is over the {MAX_UPLOAD_BYTES / 2**20:g} MiB upload limit")
+            size = len(content) / 2**20
+            raise BadUpload(f"{name}: {size:.1f} MiB is over the {MAX_UPLOAD_BYTES / 2**20:g} MiB upload limit")
         try:
-            picture = Image.open(io.BytesIO(content))
-            picture.load()
-        except (UnidentifiedImageError, OSError) as err:
-            raise BadUpload(f"not a readable image ({err})") from None
-        channels = int(self.sample.images.shape[1])
-        picture = picture.convert("L" if channels == 1 else "RGB")
-        return eval_transform_for(self.info.data)(picture).unsqueeze(0)
+            return load_image(content, self.info.data, name=name)
+        except DataError as err:
+            raise BadUpload(str(err)) from None
 
     def display(self, images: torch.Tensor) -> np.ndarray:
         """Normalised images back to displayable uint8 RGB."""

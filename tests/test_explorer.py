@@ -180,9 +180,11 @@ def test_attribution_class_choice_and_faithfulness(app):
 
 def test_upload_decoding(app):
     ckpt = app.explorer_state[0]
-    assert tuple(ckpt.upload(png_bytes()).shape) == (1, 3, 16, 16)
-    with pytest.raises(BadUpload, match="not a readable image"):
-        ckpt.upload(b"plain text, not an image")
+    loaded = ckpt.upload(png_bytes(), "bar.png")
+    assert tuple(loaded.tensor.shape) == (3, 16, 16)
+    assert loaded.notes == ("resized and center-cropped 20x20 to the model's 16x16",)
+    with pytest.raises(BadUpload, match="notes.txt is not an image file"):
+        ckpt.upload(b"plain text, not an image", "notes.txt")
     with pytest.raises(BadUpload, match="over the 2 MiB upload limit"):
         ckpt.upload(png_bytes() + bytes(MAX_UPLOAD_BYTES))
     assert MAX_UPLOAD_BYTES == 2 * 2**20 and BROWSER_UPLOAD_CAP == 4 * MAX_UPLOAD_BYTES
@@ -408,11 +410,11 @@ def test_upload_png_and_non_image(browser, tmp_path: Path):
     duo.find_element("#upload input[type=file]").send_keys(str(picture))
     duo.wait_for_contains_text("#attribution-figure", "predicted class in bar.png", timeout=30)
     assert "heatmap" in graph_data(duo, "attribution-figure")
-    assert duo.find_element("#upload-message").text == ""
+    assert duo.find_element("#upload-message").text == "bar.png: resized and center-cropped 20x20 to the model's 16x16"
     text = tmp_path / "notes.txt"
     text.write_text("not an image")
     duo.find_element("#upload input[type=file]").send_keys(str(text))
-    duo.wait_for_contains_text("#upload-message", "notes.txt: not a readable image", timeout=30)
+    duo.wait_for_contains_text("#upload-message", "notes.txt is not an image file PIL can read", timeout=30)
     assert_no_console_errors(duo)
 
 

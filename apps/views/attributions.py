@@ -95,11 +95,13 @@ def dataset_figures(ckpt: CheckpointState, image: int, method: str, target: int 
 
 
 def upload_figures(ckpt: CheckpointState, content: bytes, name: str, method: str, target: int | None):
-    """Overlay and curves of an uploaded image's attribution; BadUpload if the file is no usable image."""
-    images = ckpt.upload(content)
+    """Overlay, curves and conversion notes of an uploaded image's attribution; BadUpload if it is no usable image."""
+    loaded = ckpt.upload(content, name)
+    images = loaded.tensor.unsqueeze(0)
     found = attribute(ckpt.model, images, method, target)
     overlay = figures.attribution_figure(found, ckpt.display(images), title=title(ckpt, method, target, name))
-    return [overlay, figures.faithfulness_figure(faithfulness(ckpt.model, images, found))]
+    notes = html.Span(f"{name}: {'; '.join(loaded.notes)}", style={"color": "#555"}) if loaded.notes else ""
+    return [overlay, figures.faithfulness_figure(faithfulness(ckpt.model, images, found)), notes]
 
 
 def register(app: dash.Dash, state: ExplorerState) -> None:
@@ -124,8 +126,7 @@ def register(app: dash.Dash, state: ExplorerState) -> None:
         if contents and ctx.triggered_id != "image":
             name = filename or "the upload"
             try:
-                overlay, curves = upload_figures(ckpt, decode_upload(contents), name, method, target)
+                return upload_figures(ckpt, decode_upload(contents), name, method, target)
             except BadUpload as err:
-                return dash.no_update, dash.no_update, f"{filename or 'upload'}: {err}"
-            return overlay, curves, ""
+                return dash.no_update, dash.no_update, str(err)
         return *dataset_figures(ckpt, image, method, target), ""
