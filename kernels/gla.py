@@ -7,7 +7,11 @@ States are [B, H, K, V]. The torch paths accumulate in fp32 (fp64 for fp64 input
 Dispatcher modes (`gated_linear_attention`):
 - "chunk": fla's `chunk_gla` on CUDA (chunk-parallel; best for long sequences and training).
 - "fused_recurrent": fla's `fused_recurrent_gla` on CUDA (one fused sequential kernel; best for short ones).
-- "auto": "fused_recurrent" for fp32 inputs or T <= AUTO_RECURRENT_MAX_T, else "chunk". fla 0.6.0's
+- "short": `kernels.gla_short` on CUDA (one program per (batch, head) keeps the state on chip; made for
+  T <= AUTO_SHORT_MAX_T, head dims 16..128). A torch custom op: torch.compile does not break the graph there.
+- "auto": "short" when AUTO_SHORT is on, T <= AUTO_SHORT_MAX_T and the head dims fit; otherwise
+  "fused_recurrent" for fp32 inputs or T <= AUTO_RECURRENT_MAX_T, else "chunk". AUTO_SHORT stays off until the
+  kernel has been checked on a GPU (tests/gpu/test_gla_short_gpu.py, benchmarks/bench_gla.py). fla 0.6.0's
   `chunk_gla` faults with "CUDA error: misaligned address" on fp32 inputs (seen on an H100, torch 2.11,
   Triton 3.6; the fault poisons the CUDA context); `fused_recurrent_gla` is accurate there. At T = 21,
   B = 32, H = 6, K = V = 64 in bf16 on an H100, forward + backward took 1.0 ms fused_recurrent, 2.5 ms chunk.
@@ -20,9 +24,12 @@ from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
+from lkat_lens.kernels import gla_short
 
-MODES = ("auto", "chunk", "fused_recurrent", "torch")
+MODES = ("auto", "chunk", "fused_recurrent", "short", "torch")
 AUTO_RECURRENT_MAX_T = 64
+AUTO_SHORT = False
+AUTO_SHORT_MAX_T = 1024
 TORCH_CHUNK_SIZE = 32
 SUB_CHUNK = 4
 
@@ -157,16 +164,25 @@ def gated_linear_attention(
     scale: float | None = None,
     mode: str = "auto",
 ) -> torch.Tensor:
-    """GLA output [B, T, H, V]: fla kernels on CUDA, the exact torch chunked form on CPU or with mode "torch"."""
+    """GLA output [B, T, H, V]: Triton kernels on CUDA, the exact torch chunked form on CPU or with mode "torch"."""
     if mode not in MODES:
         raise ValueError(f"unknown GLA mode {mode!r}; expected one of {MODES}")
     scale = _default_scale(q, scale)
     if mode == "torch" or not q.is_cuda:
         return gla_chunked(q, k, v, gk, scale=scale, chunk_size=TORCH_CHUNK_SIZE)[0]
     if mode == "auto":
-        short = q.shape[1] <= AUTO_RECURRENT_MAX_T
-        mode = "fused_recurrent" if short or q.dtype == torch.float32 else "chunk"
+        mode = _auto_mode(q, v)
+    if mode == "short":
+        return gla_short.gla_short(q, k, v, gk, scale)
     return _fla_gla(q, k, v, gk, scale, mode)
+
+
+def _auto_mode(q: torch.Tensor, v: torch.Tensor) -> str:
+    """The CUDA kernel that "auto" runs for these operands."""
+    T = q.shape[1]
+    if AUTO_SHORT and T <= AUTO_SHORT_MAX_T and gla_short.supports(q, v):
+        return "short"
+    return "fused_recurrent" if T <= AUTO_RECURRENT_MAX_T or q.dtype == torch.float32 else "chunk"
 
 
 @torch.compiler.disable

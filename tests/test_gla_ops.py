@@ -135,7 +135,7 @@ def test_implicit_attention_entries_and_scale() -> None:
 def test_dispatcher_on_cpu_runs_torch_path() -> None:
     q, k, v, gk = make_inputs(2, 45, 2, 8, 8)
     o_ref = gla_recurrent(q, k, v, gk, scale=0.3)[0]
-    for mode in ("auto", "torch", "chunk", "fused_recurrent"):
+    for mode in ("auto", "torch", "chunk", "fused_recurrent", "short"):
         o = gated_linear_attention(q, k, v, gk, scale=0.3, mode=mode)
         assert o.shape == v.shape and rel_err(o, o_ref) < 1e-5
     with pytest.raises(ValueError, match="unknown GLA mode"):

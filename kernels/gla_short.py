@@ -1,0 +1,384 @@
+"""Gated Linear Attention for short sequences: one Triton program per (batch, head) keeps the state on chip.
+
+Layout is fla's: q, k, gk [B, T, H, K], v [B, T, H, V], gk the log forget gate (<= 0), any strides.
+o_t = scale * S_t^T q_t with S_t = diag(exp(gk_t)) S_{t-1} + k_t v_t^T (see `kernels.gla`).
+
+The forward walks T in chunks of CHUNK = 16 rows with the [K, V] state in registers (one program per
+(batch, head, V tile)). Inside a chunk, with b the gate cumsum from the chunk start:
+    o_t = (q_t * exp(b_t))^T S + sum_{s <= t} A[t, s] v_s,   A[t, s] = sum_k q_t k_s exp(b_t - b_s),
+    S  <- diag(exp(b_last)) S + sum_s (k_s * exp(b_last - b_s)) v_s^T.
+The scores A go by binary levels: a pair s < t of chunk rows belongs to the level W (8, 4, 2, 1) of the
+highest bit in which their row numbers differ, so s lies in the early half and t in the late half of one
+block of 2W rows. With r the block's first late row, exp(b_t - b_s) = exp(b_t - b_r) * exp(b_r - b_s) and
+s < r <= t: both factors are <= 1 for any gates, nothing can overflow, and each level is one tl.dot.
+The diagonal (decay 1) is a row-wise sum. Every tl.dot takes fp32 operands with fp32 accumulation: TF32
+for 16-bit inputs, exact products for fp32 ones.
+
+The backward is one program per (batch, head). A forward walk recomputes the states and writes the
+inter-chunk part of dq into the fp32 gate-gradient buffer; a reverse walk carries dS (the gradient of
+the state) in registers, adds the intra-chunk parts of dq and dk, and forms the gate gradient from the
+identity dL/dG_t = q_t * dq_t - k_t * dk_t (G = cumsum of gk), so dgk is its reverse cumsum over t.
+Only q, k, v and gk are saved for the backward.
+
+On CUDA the kernels are autotuned; with TRITON_INTERPRET=1 in the environment before triton is first
+imported they run on CPU tensors through the Triton interpreter with a fixed configuration. The op is a
+torch custom op, so torch.compile keeps it in the graph as one opaque call.
+"""
+
+import functools
+import os
+
+import torch
+import triton
+import triton.language as tl
+
+INTERPRET = os.environ.get("TRITON_INTERPRET", "0") == "1"
+CHUNK: tl.constexpr = tl.constexpr(16)
+LEVELS: tl.constexpr = tl.constexpr(4)  # log2(CHUNK)
+HEAD_DIMS = (16, 32, 64, 128)
+INPUT_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
+# Interpreter launch: V tiles of at most this width, so that the V-tiled grid runs.
+_INTERP_BLOCK_V = 32
+
+
+@triton.jit
+def _mm(a, b, PRECISION: tl.constexpr):
+    """a @ b of fp32 operands with fp32 accumulation, at PRECISION ("tf32" or "ieee")."""
+    return tl.dot(a.to(tl.float32), b.to(tl.float32), input_precision=PRECISION)
+
+
+@triton.jit
+def _tile(ptr, rows, cols, stride_t, stride_d, T):
+    """Rows `rows` (zero past T) of one head's [T, D] matrix, as fp32."""
+    offs = rows[:, None] * stride_t + cols[None, :] * stride_d
+    return tl.load(ptr + offs, mask=(rows < T)[:, None], other=0.0).to(tl.float32)
+
+
+@triton.jit
+def _store_tile(ptr, x, rows, cols, stride_t, stride_d, T):
+    """Write x into rows `rows` (those before T) of one head's [T, D] matrix, in the matrix's dtype."""
+    offs = rows[:, None] * stride_t + cols[None, :] * stride_d
+    tl.store(ptr + offs, x.to(ptr.dtype.element_ty), mask=(rows < T)[:, None])
+
+
+@triton.jit
+def _level(b, rt, W: tl.constexpr):
+    """Decay factors of the chunk level with half-width W (pairs s < t whose rows first differ in bit W).
+
+    Rows form blocks of 2W, each an early and a late half; the reference r is the first late row.
+    Returns (f, late, same): f = exp(b_t - b_r) on late rows, exp(b_r - b_s) on early rows (both <= 1),
+    `late` [CHUNK, 1], and `same` [CHUNK, CHUNK] marking (t, s) in one block.
+    """
+    ref_row = (rt // (2 * W)) * (2 * W) + W
+    ref = tl.gather(b, tl.broadcast_to(ref_row[:, None], b.shape), axis=0)  # b at each row's reference row
+    late = ((rt // W) % 2 == 1)[:, None]
+    f = tl.exp(tl.where(late, b - ref, ref - b))
+    same = (rt[:, None] // (2 * W)) == (rt[None, :] // (2 * W))
+    return f, late, same
+
+
+@triton.jit
+def _gla_short_fwd_kernel(
+    q_ptr,
+    k_ptr,
+    v_ptr,
+    g_ptr,
+    o_ptr,
+    sq_b,
+    sq_t,
+    sq_h,
+    sq_d,
+    sk_b,
+    sk_t,
+    sk_h,
+    sk_d,
+    sv_b,
+    sv_t,
+    sv_h,
+    sv_d,
+    sg_b,
+    sg_t,
+    sg_h,
+    sg_d,
+    so_b,
+    so_t,
+    so_h,
+    so_d,
+    T,
+    H,
+    scale,
+    K: tl.constexpr,
+    V: tl.constexpr,
+    BV: tl.constexpr,
+    PRECISION: tl.constexpr,
+):
+    """o for one (batch * head, V tile): walk the chunks with the [K, BV] state in registers."""
+    i_bh, i_v = tl.program_id(0), tl.program_id(1)
+    i_b, i_h = (i_bh // H).to(tl.int64), (i_bh % H).to(tl.int64)
+    q_ptr += i_b * sq_b + i_h * sq_h
+    k_ptr += i_b * sk_b + i_h * sk_h
+    v_ptr += i_b * sv_b + i_h * sv_h
+    g_ptr += i_b * sg_b + i_h * sg_h
+    o_ptr += i_b * so_b + i_h * so_h
+    rt = tl.arange(0, CHUNK)
+    ck = tl.arange(0, K)
+    cv = i_v * BV + tl.arange(0, BV)
+    diagonal = rt[:, None] == rt[None, :]
+    state = tl.zeros([K, BV], dtype=tl.float32)
+    for t0 in range(0, T, CHUNK):
+        rows = t0 + rt
+        q = _tile(q_ptr, rows, ck, sq_t, sq_d, T) * scale
+        k = _tile(k_ptr, rows, ck, sk_t, sk_d, T)
+        v = _tile(v_ptr, rows, cv, sv_t, sv_d, T)
+        g = _tile(g_ptr, rows, ck, sg_t, sg_d, T)
+        b = tl.cumsum(g, axis=0)
+        b_last = tl.sum(g, axis=0)
+        scores = tl.where(diagonal, tl.sum(q * k, axis=1)[:, None], 0.0)
+        for lv in tl.static_range(LEVELS):
+            f, late, same = _level(b, rt, CHUNK >> (lv + 1))
+            q_f, k_f = tl.where(late, q * f, 0.0), tl.where(late, 0.0, k * f)
+            scores += tl.where(same, _mm(q_f, tl.trans(k_f), PRECISION), 0.0)
+        o = _mm(q * tl.exp(b), state, PRECISION) + _mm(scores, v, PRECISION)
+        _store_tile(o_ptr, o, rows, cv, so_t, so_d, T)
+        k_to_end = k * tl.exp(b_last[None, :] - b)
+        state = state * tl.exp(b_last)[:, None] + _mm(tl.trans(k_to_end), v, PRECISION)
+
+
+@triton.jit
+def _gla_short_bwd_kernel(
+    q_ptr,
+    k_ptr,
+    v_ptr,
+    g_ptr,
+    do_ptr,
+    dq_ptr,
+    dk_ptr,
+    dv_ptr,
+    dg_ptr,
+    sq_b,
+    sq_t,
+    sq_h,
+    sq_d,
+    sk_b,
+    sk_t,
+    sk_h,
+    sk_d,
+    sv_b,
+    sv_t,
+    sv_h,
+    sv_d,
+    sg_b,
+    sg_t,
+    sg_h,
+    sg_d,
+    sdo_b,
+    sdo_t,
+    sdo_h,
+    sdo_d,
+    sgk_b,
+    sgk_t,
+    sgk_h,
+    sgk_d,
+    sgv_b,
+    sgv_t,
+    sgv_h,
+    sgv_d,
+    T,
+    H,
+    scale,
+    K: tl.constexpr,
+    V: tl.constexpr,
+    PRECISION: tl.constexpr,
+):
+    """dq, dk, dv and the fp32 dgk of one (batch * head). dq, dk and dg share the strides sgk_*, dv has sgv_*."""
+    i_bh = tl.program_id(0)
+    i_b, i_h = (i_bh // H).to(tl.int64), (i_bh % H).to(tl.int64)
+    q_ptr += i_b * sq_b + i_h * sq_h
+    k_ptr += i_b * sk_b + i_h * sk_h
+    v_ptr += i_b * sv_b + i_h * sv_h
+    g_ptr += i_b * sg_b + i_h * sg_h
+    do_ptr += i_b * sdo_b + i_h * sdo_h
+    dq_ptr += i_b * sgk_b + i_h * sgk_h
+    dk_ptr += i_b * sgk_b + i_h * sgk_h
+    dg_ptr += i_b * sgk_b + i_h * sgk_h
+    dv_ptr += i_b * sgv_b + i_h * sgv_h
+    rt = tl.arange(0, CHUNK)
+    ck = tl.arange(0, K)
+    cv = tl.arange(0, V)
+    diagonal = rt[:, None] == rt[None, :]
+
+    # Forward walk: the inter-chunk part of dq (w.r.t. the scaled q) = exp(b) * (do @ S^T), kept in dg.
+    state = tl.zeros([K, V], dtype=tl.float32)
+    for t0 in range(0, T, CHUNK):
+        rows = t0 + rt
+        k = _tile(k_ptr, rows, ck, sk_t, sk_d, T)
+        v = _tile(v_ptr, rows, cv, sv_t, sv_d, T)
+        do = _tile(do_ptr, rows, cv, sdo_t, sdo_d, T)
+        g = _tile(g_ptr, rows, ck, sg_t, sg_d, T)
+        b = tl.cumsum(g, axis=0)
+        b_last = tl.sum(g, axis=0)
+        _store_tile(dg_ptr, _mm(do, tl.trans(state), PRECISION) * tl.exp(b), rows, ck, sgk_t, sgk_d, T)
+        k_to_end = k * tl.exp(b_last[None, :] - b)
+        state = state * tl.exp(b_last)[:, None] + _mm(tl.trans(k_to_end), v, PRECISION)
+    tl.debug_barrier()  # the reverse walk reads what every thread of this program wrote above
+
+    # Reverse walk with dS, the gradient of the state that enters the later chunks.
+    d_state = tl.zeros([K, V], dtype=tl.float32)
+    later = tl.zeros([K], dtype=tl.float32)  # sum over the later rows of q * dq - k * dk
+    n_chunks = tl.cdiv(T, CHUNK)
+    for i in range(0, n_chunks):
+        t0 = (n_chunks - 1 - i) * CHUNK
+        rows = t0 + rt
+        q = _tile(q_ptr, rows, ck, sq_t, sq_d, T) * scale
+        k = _tile(k_ptr, rows, ck, sk_t, sk_d, T)
+        v = _tile(v_ptr, rows, cv, sv_t, sv_d, T)
+        do = _tile(do_ptr, rows, cv, sdo_t, sdo_d, T)
+        g = _tile(g_ptr, rows, ck, sg_t, sg_d, T)
+        dq = _tile(dg_ptr, rows, ck, sgk_t, sgk_d, T)
+        b = tl.cumsum(g, axis=0)
+        b_last = tl.sum(g, axis=0)
+        d_scores = _mm(do, tl.trans(v), PRECISION)  # [t, s] = do_t . v_s (used where s <= t)
+        d_diag = tl.sum(do * v, axis=1)[:, None]
+        scores = tl.where(diagonal, tl.sum(q * k, axis=1)[:, None], 0.0)
+        dq += d_diag * k
+        dk = d_diag * q
+        for lv in tl.static_range(LEVELS):
+            f, late, same = _level(b, rt, CHUNK >> (lv + 1))
+            q_f, k_f = tl.where(late, q * f, 0.0), tl.where(late, 0.0, k * f)
+            scores += tl.where(same, _mm(q_f, tl.trans(k_f), PRECISION), 0.0)
+            d_level = tl.where(same, d_scores, 0.0)
+            dq += tl.where(late, f * _mm(d_level, k_f, PRECISION), 0.0)
+            dk += tl.where(late, 0.0, f * _mm(tl.trans(d_level), q_f, PRECISION))
+        to_end = tl.exp(b_last[None, :] - b)
+        dv = _mm(tl.trans(scores), do, PRECISION) + _mm(k * to_end, d_state, PRECISION)
+        dk += to_end * _mm(v, tl.trans(d_state), PRECISION)
+        d = q * dq - k * dk
+        _store_tile(dg_ptr, tl.cumsum(d, axis=0, reverse=True) + later[None, :], rows, ck, sgk_t, sgk_d, T)
+        later += tl.sum(d, axis=0)
+        _store_tile(dq_ptr, dq * scale, rows, ck, sgk_t, sgk_d, T)
+        _store_tile(dk_ptr, dk, rows, ck, sgk_t, sgk_d, T)
+        _store_tile(dv_ptr, dv, rows, cv, sgv_t, sgv_d, T)
+        d_state = d_state * tl.exp(b_last)[:, None] + _mm(tl.trans(q * tl.exp(b)), do, PRECISION)
+
+
+def _forward_configs(V: int) -> list[triton.Config]:
+    """Autotune candidates of the forward: (V tile, warps, stages). Fewer warps spill registers (sm_90)."""
+    tiles = {(min(V, 64), 4, 1), (min(V, 64), 4, 2), (min(V, 64), 8, 1), (min(V, 32), 4, 1)}
+    return [triton.Config({"BV": bv}, num_warps=w, num_stages=s) for bv, w, s in sorted(tiles)]
+
+
+def _backward_configs(V: int) -> list[triton.Config]:
+    """Autotune candidates of the backward: warps (the whole [K, V] gradient state sits in registers)."""
+    return [triton.Config({}, num_warps=w, num_stages=1) for w in ((4, 8) if V <= 64 else (8, 16))]
+
+
+@functools.cache
+def _autotuned(backward: bool, V: int) -> triton.runtime.KernelInterface:
+    """The CUDA kernel autotuned over its configurations, keyed on K and V (and the operand dtypes)."""
+    if backward:
+        return triton.autotune(configs=_backward_configs(V), key=["K", "V"])(_gla_short_bwd_kernel)
+    return triton.autotune(configs=_forward_configs(V), key=["K", "V"])(_gla_short_fwd_kernel)
+
+
+def _precision(*xs: torch.Tensor) -> str:
+    """tl.dot precision: exact fp32 products when any operand is fp32, else TF32."""
+    return "ieee" if any(x.dtype == torch.float32 for x in xs) else "tf32"
+
+
+def supports(q: torch.Tensor, v: torch.Tensor) -> bool:
+    """Whether the kernels take these head dims (K and V in HEAD_DIMS)."""
+    return q.shape[-1] in HEAD_DIMS and v.shape[-1] in HEAD_DIMS
+
+
+def _check(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, gk: torch.Tensor) -> None:
+    """Raise unless the operands fit the kernels."""
+    if q.dim() != 4 or v.dim() != 4 or q.shape != k.shape or q.shape != gk.shape or v.shape[:3] != q.shape[:3]:
+        shapes = ", ".join(str(tuple(x.shape)) for x in (q, k, v, gk))
+        raise ValueError(f"expected q, k, gk [B,T,H,K] and v [B,T,H,V], got {shapes}")
+    if not supports(q, v):
+        raise ValueError(f"gla_short needs K and V in {HEAD_DIMS}, got K={q.shape[-1]}, V={v.shape[-1]}")
+    if any(x.dtype not in INPUT_DTYPES for x in (q, k, v, gk)):
+        raise ValueError(f"gla_short needs operands in {INPUT_DTYPES}")
+    if not (q.is_cuda or INTERPRET):
+        raise RuntimeError("gla_short needs CUDA tensors (or TRITON_INTERPRET=1 before importing triton)")
+
+
+def gla_short_fwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, gk: torch.Tensor, scale: float) -> torch.Tensor:
+    """GLA output [B, T, H, V] in q's dtype."""
+    B, T, H, K = q.shape
+    V = v.shape[-1]
+    o = torch.empty(B, T, H, V, dtype=q.dtype, device=q.device)
+    if o.numel() == 0:
+        return o
+    args = (q, k, v, gk, o, *q.stride(), *k.stride(), *v.stride(), *gk.stride(), *o.stride(), T, H, scale)
+    meta = dict(K=K, V=V, PRECISION=_precision(q, k, v))
+    if INTERPRET:
+        block_v = min(V, _INTERP_BLOCK_V)
+        _gla_short_fwd_kernel[(B * H, V // block_v)](*args, BV=block_v, **meta)
+    else:
+        _autotuned(False, V)[lambda m: (B * H, V // m["BV"])](*args, **meta)
+    return o
+
+
+def gla_short_bwd(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, gk: torch.Tensor, do: torch.Tensor, scale: float
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(dq, dk, dv, dgk) for the output gradient do, each in its operand's dtype, contiguous."""
+    B, T, H, K = q.shape
+    dq, dk = torch.empty(q.shape, dtype=q.dtype, device=q.device), torch.empty(k.shape, dtype=k.dtype, device=q.device)
+    dv = torch.empty(v.shape, dtype=v.dtype, device=q.device)
+    dg = torch.empty(gk.shape, dtype=torch.float32, device=q.device)
+    if dg.numel() and dv.numel():
+        args = (q, k, v, gk, do, dq, dk, dv, dg, *q.stride(), *k.stride(), *v.stride(), *gk.stride(), *do.stride())
+        args += (*dg.stride(), *dv.stride(), T, H, scale)
+        meta = dict(K=K, V=v.shape[-1], PRECISION=_precision(q, k, v))
+        kernel = _gla_short_bwd_kernel if INTERPRET else _autotuned(True, v.shape[-1])
+        kernel[(B * H,)](*args, **meta)
+    else:
+        dq.zero_(), dk.zero_(), dv.zero_(), dg.zero_()
+    return dq, dk, dv, dg.to(gk.dtype)
+
+
+@torch.library.custom_op("lkat_lens::gla_short", mutates_args=())
+def _gla_short_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, gk: torch.Tensor, scale: float) -> torch.Tensor:
+    """The forward as a custom op (opaque to torch.compile)."""
+    return gla_short_fwd(q, k, v, gk, scale)
+
+
+@_gla_short_op.register_fake
+def _gla_short_fake(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, gk: torch.Tensor, scale: float) -> torch.Tensor:
+    return q.new_empty(*q.shape[:3], v.shape[-1])
+
+
+@torch.library.custom_op("lkat_lens::gla_short_backward", mutates_args=())
+def _gla_short_backward_op(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, gk: torch.Tensor, do: torch.Tensor, scale: float
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The backward as a custom op."""
+    return gla_short_bwd(q, k, v, gk, do, scale)
+
+
+@_gla_short_backward_op.register_fake
+def _gla_short_backward_fake(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, gk: torch.Tensor, do: torch.Tensor, scale: float
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    return q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape), gk.new_empty(gk.shape)
+
+
+def _setup_context(ctx, inputs: tuple, output: torch.Tensor) -> None:
+    q, k, v, gk, scale = inputs
+    ctx.save_for_backward(q, k, v, gk)
+    ctx.scale = scale
+
+
+def _backward(ctx, do: torch.Tensor) -> tuple:
+    return (*_gla_short_backward_op(*ctx.saved_tensors, do, ctx.scale), None)
+
+
+_gla_short_op.register_autograd(_backward, setup_context=_setup_context)
+
+
+def gla_short(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, gk: torch.Tensor, scale: float | None = None):
+    """Differentiable GLA output [B, T, H, V] (q's dtype) by the on-chip short-sequence kernels."""
+    _check(q, k, v, gk)
+    return _gla_short_op(q, k, v, gk, q.shape[-1] ** -0.5 if scale is None else float(scale))

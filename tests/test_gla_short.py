@@ -1,0 +1,150 @@
+"""The short-sequence GLA kernels under the Triton interpreter against the float64 recurrence.
+
+The kernels run on CPU through the Triton interpreter, which must be switched on (TRITON_INTERPRET=1)
+before triton is first imported. Unless this process already runs that way, the cases are computed
+once in a child process started with the variable set (this file run as a script), and each case's
+measured errors are asserted here.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+import torch.nn.functional as F
+from lkat_lens.kernels import gla_short
+from lkat_lens.kernels.gla import gla_recurrent
+
+# log forget gates: logsigmoid(randn) * scale, or the named special pattern
+GATES = {"mild": 1 / 16, "strong": 2.0, "near_one": 1e-3, "extreme": None}
+# ||out - ref||_max / ||ref||_max for o, dq, dk, dv, dgk: outputs are stored in the input dtype
+TOL = {"float32": 1e-5, "bfloat16": 1e-2}
+OUTPUTS = ("o", "dq", "dk", "dv", "dgk")
+# id -> (T, K, V, gate, dtype, layout); layout "model" is v in the layout of a conv output, as in VisionGLA
+CASES = {
+    f"T{T}-K{K}-V{V}-{gate}-{dtype}-{layout}": (T, K, V, gate, dtype, layout)
+    for T, K, V, gate, dtype, layout in [
+        (1, 16, 16, "mild", "float32", "contiguous"),
+        (7, 16, 32, "strong", "float32", "contiguous"),
+        (16, 32, 32, "near_one", "float32", "contiguous"),
+        (63, 32, 16, "mild", "float32", "contiguous"),
+        (65, 64, 64, "strong", "float32", "contiguous"),
+        (65, 16, 16, "extreme", "float32", "contiguous"),
+        (201, 64, 64, "mild", "float32", "model"),
+        (201, 32, 32, "near_one", "float32", "contiguous"),
+        (37, 64, 32, "mild", "bfloat16", "contiguous"),
+        (201, 64, 64, "mild", "bfloat16", "model"),
+        (65, 32, 64, "strong", "bfloat16", "contiguous"),
+    ]
+}
+
+
+def make_inputs(T: int, K: int, V: int, gate: str, dtype: torch.dtype, layout: str, seed: int = 0) -> tuple:
+    """q, k, v in dtype, fp32 log gates and an output gradient, [B=2, T, H=2, *]."""
+    B, H = 2, 2
+    gen = torch.Generator().manual_seed(seed)
+    q, k = (torch.randn(B, T, H, K, generator=gen) for _ in range(2))
+    v = torch.randn(B, T, H, V, generator=gen)
+    if gate == "extreme":
+        gk = torch.full((B, T, H, K), -30.0)
+        gk[:, ::7] = 0.0
+    else:
+        gk = F.logsigmoid(torch.randn(B, T, H, K, generator=gen)) * GATES[gate]
+    do = torch.randn(B, T, H, V, generator=gen)
+    if layout == "model":  # [B, T, H, V] viewed from a [B, H * V, T] buffer, t fastest
+        v = v.flatten(2).transpose(1, 2).contiguous().transpose(1, 2).unflatten(2, (H, V))
+    return q.to(dtype), k.to(dtype), v.to(dtype), gk, do.to(dtype)
+
+
+def outputs_and_grads(fn, q, k, v, gk, do) -> list[torch.Tensor]:
+    """fn's output and the gradients of sum(o * do) w.r.t. q, k, v, gk."""
+    leaves = [x.detach().requires_grad_() for x in (q, k, v, gk)]
+    o = fn(*leaves)
+    return [o.detach(), *torch.autograd.grad(o, leaves, do)]
+
+
+def rel_err(a: torch.Tensor, b: torch.Tensor) -> float:
+    """Max abs difference relative to the reference's max magnitude (absolute where the reference is all zero,
+    as dgk is at T = 1)."""
+    scale = b.double().abs().max()
+    return ((a.double() - b.double()).abs().max() / (scale if scale > 0 else 1.0)).item()
+
+
+def _measure_case(case: tuple) -> dict:
+    """Errors of the kernels against the fp64 recurrence, and whether dtypes, shapes and values are right."""
+    T, K, V, gate, dtype_name, layout = case
+    q, k, v, gk, do = make_inputs(T, K, V, gate, getattr(torch, dtype_name), layout)
+    got = outputs_and_grads(gla_short.gla_short, q, k, v, gk, do)
+    ref = outputs_and_grads(lambda *x: gla_recurrent(*(t.double() for t in x))[0], q, k, v, gk, do.double())
+    errors = {name: rel_err(g, r) for name, g, r in zip(OUTPUTS, got, ref, strict=True)}
+    inputs = (v, q, k, v, gk)
+    errors["layout_ok"] = all(g.dtype == x.dtype and g.shape == x.shape for g, x in zip(got, inputs, strict=True))
+    errors["finite"] = all(bool(torch.isfinite(g).all()) for g in got)
+    return errors
+
+
+def _check_op_and_compile() -> dict:
+    """torch.library.opcheck of the custom op, and torch.compile(fullgraph=True) through it."""
+    q, k, v, gk, do = make_inputs(5, 16, 16, "mild", torch.float32, "model")
+    q, k, v, gk = (x.requires_grad_() for x in (q, k, v, gk))
+    torch.library.opcheck(torch.ops.lkat_lens.gla_short, (q, k, v, gk, 0.25))
+    compiled = torch.compile(lambda *x: gla_short.gla_short(*x, scale=0.25) * 2, fullgraph=True, backend="aot_eager")
+    eager = outputs_and_grads(lambda *x: gla_short.gla_short(*x, scale=0.25) * 2, q, k, v, gk, do)
+    traced = outputs_and_grads(compiled, q, k, v, gk, do)
+    return {"opcheck": True, "compile_err": max(rel_err(a, b) for a, b in zip(traced, eager, strict=True))}
+
+
+def interpreter_measurements() -> dict:
+    """Every case's measurements (needs TRITON_INTERPRET=1 before triton was imported)."""
+    results = {cid: _measure_case(case) for cid, case in CASES.items()}
+    results["op"] = _check_op_and_compile()
+    return results
+
+
+@pytest.fixture(scope="module")
+def interp() -> dict:
+    """Interpreter measurements, computed here or in a child process with TRITON_INTERPRET=1."""
+    if gla_short.INTERPRET:
+        return interpreter_measurements()
+    env = {**os.environ, "TRITON_INTERPRET": "1"}
+    proc = subprocess.run([sys.executable, __file__], env=env, capture_output=True, text=True, timeout=600)
+    lines = [line for line in proc.stdout.splitlines() if line.startswith("RESULTS ")]
+    assert proc.returncode == 0 and lines, proc.stderr[-4000:]
+    return json.loads(lines[-1].removeprefix("RESULTS "))
+
+
+@pytest.mark.parametrize("case_id", list(CASES))
+def test_interpreter_matches_fp64_recurrence(interp: dict, case_id: str) -> None:
+    measured = interp[case_id]
+    assert measured["layout_ok"] and measured["finite"], measured
+    for name in OUTPUTS:
+        assert measured[name] <= TOL[CASES[case_id][4]], (name, measured)
+
+
+def test_custom_op_passes_opcheck_and_compiles_without_graph_break(interp: dict) -> None:
+    assert interp["op"]["opcheck"]
+    assert interp["op"]["compile_err"] < 1e-6
+
+
+def test_input_validation() -> None:
+    q, v = torch.zeros(1, 3, 2, 64), torch.zeros(1, 3, 2, 32)
+    assert gla_short.supports(q, v)
+    assert not gla_short.supports(torch.zeros(1, 3, 2, 48), v)
+    assert not gla_short.supports(q, torch.zeros(1, 3, 2, 256))
+    with pytest.raises(ValueError, match="K and V in"):
+        gla_short.gla_short(q, q, torch.zeros(1, 3, 2, 24), q)
+    with pytest.raises(ValueError, match="expected q, k, gk"):
+        gla_short.gla_short(q, q[:, :2], v, q)
+    with pytest.raises(ValueError, match="operands in"):
+        gla_short.gla_short(q.double(), q, v, q)
+    if not gla_short.INTERPRET:
+        with pytest.raises(RuntimeError, match="CUDA"):
+            gla_short.gla_short(q, q, v, q)
+
+
+if __name__ == "__main__":
+    print("RESULTS " + json.dumps(interpreter_measurements()))
