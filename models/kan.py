@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
-from lkat_lens.kernels.rbf import rbf_basis, rbf_grid_linear
+from lkat_lens.kernels.kan_linear import edge_kan_linear, kan_linear
+from lkat_lens.kernels.rbf import rbf_basis
 from torch import nn
 
 from .hooks import HookPoint
@@ -41,6 +42,10 @@ class KANLayer(nn.Module):
     basis "shared":  phi_{q,p}(x) = W[q,p] * sum_g w_g phi_g(x)      (grid_linear [1,G], dim_linear [out,in])
     basis "channel": phi_{q,p}(x) = W[q,p] * sum_g w_{p,g} phi_g(x)  (grid_weight [in,G], dim_linear [out,in])
     basis "edge":    phi_{q,p}(x) = sum_g W[q,p,g] phi_g(x)         (spline_linear [out, in*G], FastKAN)
+
+    kernel_backend: "auto" (CUDA: the fastest correct path per layer shape, measured once; elsewhere torch),
+    "torch", "triton" (elementwise RBF kernel + cuBLAS; the edge basis has only the fused kernels) or
+    "fused" (the basis evaluated inside the matmul kernels, only x saved for backward).
     """
 
     SELF_INITIALISED = ("grid_linear", "dim_linear", "spline_linear", "base_linear")
@@ -90,13 +95,11 @@ class KANLayer(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         x_in = self.hook_in(self.layernorm(x) if self.layernorm is not None else x)
+        grid = (self.rbf.grid_min, self.rbf.grid_max)
         if self.basis == "edge":
-            y = self.spline_linear(self.rbf(x_in).flatten(-2).to(self.spline_linear.weight.dtype))
+            y = edge_kan_linear(x_in, self.spline_linear.weight, *grid, self.rbf.num_grids, backend=self.kernel_backend)
         else:
-            mixed = rbf_grid_linear(
-                x_in, self.grid_weights, self.rbf.grid_min, self.rbf.grid_max, backend=self.kernel_backend
-            )
-            y = self.dim_linear(mixed)
+            y = kan_linear(x_in, self.grid_weights, self.dim_linear.weight, *grid, backend=self.kernel_backend)
         if self.base_linear is not None:
             y = y + self.base_linear(F.silu(x))
         if self.gat_resid is not None:

@@ -1,0 +1,202 @@
+"""The spline part of an RBF-KAN layer: exact torch references, fused autograd ops and the path choice.
+
+shared / channel: y = psi(x) W^T, psi(x) = sum_g w_g phi_g(x) per element (w [1, G] or [in, G], W [out, in]).
+edge (FastKAN):   y = Phi(x) W^T, Phi(x)[..., p*G + g] = phi_g(x_p) (W [out, in*G]).
+
+Paths: "torch" (shared/channel: the elementwise op on its torch path, then a matmul; edge: the basis
+materialised, then a matmul), "triton" (shared/channel: the elementwise Triton kernel, then cuBLAS),
+"fused" (the kernels of kan_triton: the basis is evaluated inside the matmul and only x is saved for
+backward). Backend "auto" measures the paths once per layer shape on CUDA and keeps the fastest correct
+one (kan_dispatch); elsewhere it is the torch path. Under CUDA autocast every path multiplies in the
+autocast dtype and returns it, as nn.Linear does.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch.autograd.function import once_differentiable
+
+from .kan_dispatch import choose_path
+from .rbf import TRITON_DTYPES, rbf_basis, rbf_grid_linear, rbf_grid_linear_reference
+
+try:
+    from lkat_lens.kernels import kan_triton
+except ImportError:  # pragma: no cover - triton is a declared dependency, absent only on exotic platforms
+    kan_triton = None
+
+PATHS = ("torch", "triton", "fused")
+BACKENDS = ("auto", *PATHS)
+
+
+def kan_linear_reference(
+    x: torch.Tensor, grid_weight: torch.Tensor, weight: torch.Tensor, grid_min: float, grid_max: float
+) -> torch.Tensor:
+    """Exact unfused y = psi(x) W^T: the elementwise reference, then a matmul in W's dtype."""
+    return F.linear(rbf_grid_linear_reference(x, grid_weight, grid_min, grid_max).to(weight.dtype), weight)
+
+
+def edge_linear_reference(
+    x: torch.Tensor, weight: torch.Tensor, grid_min: float, grid_max: float, num_grids: int
+) -> torch.Tensor:
+    """Exact unfused y = Phi(x) W^T with the [..., in*G] basis materialised (FastKAN's computation)."""
+    return F.linear(rbf_basis(x, grid_min, grid_max, num_grids).flatten(-2).to(weight.dtype), weight)
+
+
+def _rows(t: torch.Tensor) -> torch.Tensor:
+    """t as [rows, last dim] (a view where possible)."""
+    return t.reshape(-1, t.shape[-1])
+
+
+class _FusedKAN(torch.autograd.Function):
+    """y = psi(x) W^T in the fused kernels; saves x and the parameters, recomputes psi in the backward."""
+
+    @staticmethod
+    def forward(
+        ctx: Any, x: torch.Tensor, grid_weight: torch.Tensor, weight: torch.Tensor, grid_min: float, grid_max: float
+    ) -> torch.Tensor:
+        ctx.save_for_backward(x, grid_weight, weight)
+        ctx.grid = (grid_min, grid_max)
+        y = kan_triton.kan_fwd(_rows(x), grid_weight, weight, grid_min, grid_max)
+        return y.view(*x.shape[:-1], weight.shape[0])
+
+    @staticmethod
+    @once_differentiable
+    def backward(ctx: Any, dy: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
+        x, grid_weight, weight = ctx.saved_tensors
+        need_x, need_gw, need_w = ctx.needs_input_grad[:3]
+        dx, dgw, dw = kan_triton.kan_bwd(
+            _rows(x), grid_weight, weight, _rows(dy), *ctx.grid, need_dx=need_x or need_gw, need_dw=need_w
+        )
+        return (
+            dx.view(x.shape) if need_x else None,
+            dgw.reshape(grid_weight.shape).to(grid_weight.dtype) if need_gw else None,
+            dw,
+            None,
+            None,
+        )
+
+
+class _FusedEdgeKAN(torch.autograd.Function):
+    """y = Phi(x) W^T in the fused kernels; saves x and W, regenerates the basis in the backward."""
+
+    @staticmethod
+    def forward(
+        ctx: Any, x: torch.Tensor, weight: torch.Tensor, grid_min: float, grid_max: float, num_grids: int
+    ) -> torch.Tensor:
+        ctx.save_for_backward(x, weight)
+        ctx.grid = (grid_min, grid_max, num_grids)
+        y = kan_triton.edge_fwd(_rows(x), weight, grid_min, grid_max, num_grids)
+        return y.view(*x.shape[:-1], weight.shape[0])
+
+    @staticmethod
+    @once_differentiable
+    def backward(ctx: Any, dy: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
+        x, weight = ctx.saved_tensors
+        need_x, need_w = ctx.needs_input_grad[:2]
+        dx, dw = kan_triton.edge_bwd(_rows(x), weight, _rows(dy), *ctx.grid, need_dx=need_x, need_dw=need_w)
+        return (dx.view(x.shape) if need_x else None), dw, None, None, None
+
+
+def _autocast_weight(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+    """The weight in the autocast dtype when autocast is on for x's device (the fused ops multiply in W's dtype)."""
+    device = x.device.type
+    if torch.is_autocast_enabled(device):
+        return weight.to(torch.get_autocast_dtype(device))
+    return weight
+
+
+def _fused_capable(*tensors: torch.Tensor) -> bool:
+    """Whether the fused kernels can take these operands (fp32/bf16/fp16 on CUDA, or under the interpreter)."""
+    return kan_triton is not None and all(
+        t.dtype in TRITON_DTYPES and (t.is_cuda or kan_triton.INTERPRET) for t in tensors
+    )
+
+
+def _run_kan(
+    path: str, x: torch.Tensor, grid_weight: torch.Tensor, weight: torch.Tensor, grid_min: float, grid_max: float
+) -> torch.Tensor:
+    """Shared/channel layer on one path."""
+    if path == "fused":
+        return _FusedKAN.apply(x, grid_weight, _autocast_weight(x, weight), grid_min, grid_max)
+    return F.linear(rbf_grid_linear(x, grid_weight, grid_min, grid_max, backend=path), weight)
+
+
+def _run_edge(
+    path: str, x: torch.Tensor, weight: torch.Tensor, grid_min: float, grid_max: float, num_grids: int
+) -> torch.Tensor:
+    """Edge layer on one path."""
+    if path == "fused":
+        return _FusedEdgeKAN.apply(x, _autocast_weight(x, weight), grid_min, grid_max, num_grids)
+    return edge_linear_reference(x, weight, grid_min, grid_max, num_grids)
+
+
+def _check_backend(backend: str, fused_ok: bool) -> None:
+    """Reject unknown backends and fused requests the operands cannot take."""
+    if backend not in BACKENDS:
+        raise ValueError(f"unknown backend {backend!r}; choose from {BACKENDS}")
+    if backend == "fused" and not fused_ok:
+        raise ValueError(f"the fused backend needs triton and x, weights in {TRITON_DTYPES} (on CUDA)")
+
+
+def _shape_key(basis: str, x: torch.Tensor, weight: torch.Tensor, num_grids: int) -> tuple:
+    """What the path choice depends on: form, shapes, dtypes (autocast included), device and grad mode."""
+    device = x.device.type
+    autocast = torch.get_autocast_dtype(device) if torch.is_autocast_enabled(device) else None
+    train = torch.is_grad_enabled() and (x.requires_grad or weight.requires_grad)
+    rows = x.numel() // x.shape[-1] if x.shape[-1] else 0
+    return (basis, rows, x.shape[-1], weight.shape[0], num_grids, x.dtype, weight.dtype, autocast, str(x.device), train)
+
+
+def kan_linear(
+    x: torch.Tensor,
+    grid_weight: torch.Tensor,
+    weight: torch.Tensor,
+    grid_min: float,
+    grid_max: float,
+    *,
+    backend: str = "auto",
+) -> torch.Tensor:
+    """y = psi(x) W^T for grid weights [G], [1, G] (shared) or [in, G] (channel), differentiable in all three."""
+    grid_min, grid_max = float(grid_min), float(grid_max)
+    _check_backend(backend, _fused_capable(x, weight))
+    path = backend
+    if backend == "auto":
+        path = "torch"
+        if x.is_cuda and _fused_capable(x, weight):
+
+            def run(p: str, *args: torch.Tensor) -> torch.Tensor:
+                return _run_kan(p, *args, grid_min, grid_max)
+
+            key = _shape_key("kan", x, weight, grid_weight.shape[-1])
+            path = choose_path(key, PATHS, run, (x, grid_weight, weight), default="triton")
+    return _run_kan(path, x, grid_weight, weight, grid_min, grid_max)
+
+
+def edge_kan_linear(
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    grid_min: float,
+    grid_max: float,
+    num_grids: int,
+    *,
+    backend: str = "auto",
+) -> torch.Tensor:
+    """y = Phi(x) W^T for W [out, in*G], differentiable in x and W ("triton" means the fused kernels here)."""
+    grid_min, grid_max, num_grids = float(grid_min), float(grid_max), int(num_grids)
+    if weight.shape[-1] != x.shape[-1] * num_grids:
+        raise ValueError(f"weight must be [out, {x.shape[-1] * num_grids}], got {tuple(weight.shape)}")
+    path = "fused" if backend == "triton" else backend
+    _check_backend(path, _fused_capable(x, weight))
+    if path == "auto":
+        path = "torch"
+        if x.is_cuda and _fused_capable(x, weight):
+
+            def run(p: str, *args: torch.Tensor) -> torch.Tensor:
+                return _run_edge(p, *args, grid_min, grid_max, num_grids)
+
+            key = _shape_key("edge", x, weight, num_grids)
+            path = choose_path(key, ("torch", "fused"), run, (x, weight), default="torch")
+    return _run_edge(path, x, weight, grid_min, grid_max, num_grids)
