@@ -13,7 +13,11 @@ from lkat_lens.apps.views import VIEWS
 from lkat_lens.apps.views.attributions import BROWSER_UPLOAD_CAP
 from lkat_lens.apps.views.common import label
 
-__all__ = ["BROWSER_UPLOAD_CAP", "create_app", "layout"]
+__all__ = ["BROWSER_UPLOAD_CAP", "MAX_REQUEST_BYTES", "create_app", "layout"]
+
+# Largest HTTP request body the server reads (Flask answers 413 above it): the biggest file the browser sends,
+# base64-encoded (4/3) inside a callback's JSON, with room to spare.
+MAX_REQUEST_BYTES = 2 * BROWSER_UPLOAD_CAP
 
 
 def dropdown(component_id: str, options: list, width: str = "6em", **kwargs) -> dcc.Dropdown:
@@ -88,6 +92,7 @@ def create_app(
     settings = {"data": data, "data_dir": data_dir, "num_images": num_images, "edges": edges}
     state = ExplorerState([CheckpointState(p, probe_images=probe_images, **settings) for p in paths])
     app = dash.Dash(__name__, title="lkat-lens explorer")
+    app.server.config["MAX_CONTENT_LENGTH"] = MAX_REQUEST_BYTES
     app.layout = layout(state)
     callbacks.register(app, state)
     app.explorer_state = state
