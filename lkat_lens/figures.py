@@ -503,7 +503,7 @@ def edge_fit_figure(
     """One edge function (the first of `curves`) with its best symbolic fit and the layer's input distribution."""
     q, p = curves.edges[0].tolist()
     y = curves.values[0]
-    low, high = _y_span(y)  # the fit may leave this range outside the grid span, where it was not fitted
+    low, high = _y_span(y)
     fig = go.Figure()
     if coverage is not None:
         fig.add_trace(_shade(coverage, low, high))
@@ -512,10 +512,11 @@ def edge_fit_figure(
             x=curves.x.tolist(), y=y.tolist(), mode="lines", name=f"φ[{q},{p}]", line={"width": 3, "color": CURVE_COLOR}
         )
     )
+    fitted = (curves.x >= curves.centers[0]) & (curves.x <= curves.centers[-1])  # fit_edge's span: the grid's
     fig.add_trace(
         go.Scatter(
-            x=curves.x.tolist(),
-            y=fit.best(curves.x).tolist(),
+            x=curves.x[fitted].tolist(),
+            y=fit.best(curves.x[fitted]).tolist(),
             mode="lines",
             name=f"{fit.best.formula()}",
             line={"dash": "dash", "color": CENTER_COLOR},
