@@ -12,7 +12,7 @@ highest bit in which their row numbers differ, so s lies in the early half and t
 block of 2W rows. With r the block's first late row, exp(b_t - b_s) = exp(b_t - b_r) * exp(b_r - b_s) and
 s < r <= t: both factors are <= 1 for any gates, nothing can overflow, and each level is one tl.dot.
 The diagonal (decay 1) is a row-wise sum. Every tl.dot takes fp32 operands with fp32 accumulation: TF32
-for 16-bit inputs, exact products for fp32 ones.
+for 16-bit inputs, exact products when q, k and v are all fp32.
 
 The backward is one program per (batch, head). A forward walk recomputes the states and writes the
 inter-chunk part of dq into the fp32 gate-gradient buffer; a reverse walk carries dS (the gradient of
@@ -281,8 +281,8 @@ def _autotuned(backward: bool, V: int) -> triton.runtime.KernelInterface:
 
 
 def _precision(*xs: torch.Tensor) -> str:
-    """tl.dot precision: exact fp32 products when any operand is fp32, else TF32."""
-    return "ieee" if any(x.dtype == torch.float32 for x in xs) else "tf32"
+    """tl.dot precision: exact fp32 products when every operand is fp32, else TF32 (16-bit operands bound it)."""
+    return "ieee" if all(x.dtype == torch.float32 for x in xs) else "tf32"
 
 
 def supports(q: torch.Tensor, v: torch.Tensor) -> bool:

@@ -1,0 +1,146 @@
+"""Time the GLA sublayer at LKAT-S's training shape against softmax attention (SDPA), forward and forward+backward.
+
+    python benchmarks/bench_gla.py --out benchmarks/results/bench_gla.json
+
+Rows: fla's chunk_gla and fused_recurrent_gla, lkat-lens's short-sequence kernel ("short"), and
+torch's scaled_dot_product_attention on the same heads ([B, H, T, D], not causal, as in a ViT).
+Each GLA row also gets its largest error against the fp64 recurrence (on a smaller batch).
+Writes JSON and prints a markdown table.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+from bench_model import RESULTS, time_ms  # benchmarks/ is the script folder
+from common import environment
+from lkat_lens.kernels.gla import gated_linear_attention, gla_recurrent
+
+GLA_MODES = ("chunk", "fused_recurrent", "short")
+
+
+def make_inputs(B: int, T: int, H: int, D: int, dtype: torch.dtype, seed: int = 0) -> list[torch.Tensor]:
+    """q, k, v [B, T, H, D] in dtype, fp32 log gates logsigmoid(randn) / 16 (LKAT's), an output gradient."""
+    gen = torch.Generator(device="cuda").manual_seed(seed)
+    q, k, v, do = (torch.randn(B, T, H, D, device="cuda", generator=gen).to(dtype) for _ in range(4))
+    gk = F.logsigmoid(torch.randn(B, T, H, D, device="cuda", generator=gen)) / 16
+    return [q, k, v, gk, do]
+
+
+def gla(mode: str):
+    """The GLA sublayer in one dispatcher mode, as a function of (q, k, v, gk)."""
+    return lambda q, k, v, gk: gated_linear_attention(q, k, v, gk, mode=mode)
+
+
+def sdpa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, gk: torch.Tensor) -> torch.Tensor:
+    """Softmax attention on the same heads (gk unused), [B, T, H, D] in and out."""
+    o = F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2))
+    return o.transpose(1, 2)
+
+
+def timings(fn, inputs: list[torch.Tensor], warmup: int, iters: int) -> dict[str, float]:
+    """Median ms of the forward alone and of forward + backward (gradients of q, k, v, gk)."""
+    q, k, v, gk, do = (x.detach().requires_grad_(i < 4) for i, x in enumerate(inputs))
+
+    def forward():
+        with torch.no_grad():
+            fn(q, k, v, gk)
+
+    def forward_backward():
+        torch.autograd.backward(fn(q, k, v, gk), do)
+        for x in (q, k, v, gk):
+            x.grad = None
+
+    return {"fwd_ms": time_ms(forward, warmup, iters), "fwd_bwd_ms": time_ms(forward_backward, warmup, iters)}
+
+
+def max_errors(fn, inputs: list[torch.Tensor]) -> dict[str, float]:
+    """max |x - ref| / max |ref| of o, dq, dk, dv, dgk against the fp64 recurrence."""
+
+    def run(f, xs, do):
+        leaves = [x.detach().clone().requires_grad_() for x in xs]
+        o = f(*leaves)
+        return [o.detach(), *torch.autograd.grad(o, leaves, do.to(o.dtype))]
+
+    got = run(fn, inputs[:4], inputs[4])
+    ref = run(lambda *x: gla_recurrent(*(t.double() for t in x))[0], inputs[:4], inputs[4])
+    names = ("o", "dq", "dk", "dv", "dgk")
+    return {n: ((g.double() - r).abs().max() / r.abs().max()).item() for n, g, r in zip(names, got, ref, strict=True)}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--batch", type=int, default=128)
+    parser.add_argument("--tokens", type=int, default=201)
+    parser.add_argument("--heads", type=int, default=6)
+    parser.add_argument("--head-dim", type=int, default=64)
+    parser.add_argument("--error-batch", type=int, default=8)
+    parser.add_argument("--warmup", type=int, default=5)
+    parser.add_argument("--iters", type=int, default=20)
+    parser.add_argument("--lengths", nargs="*", type=int, default=[], help="also time chunk vs short at these T")
+    parser.add_argument("--out", type=Path, default=None)
+    args = parser.parse_args()
+    shape = (args.batch, args.tokens, args.heads, args.head_dim)
+    inputs = make_inputs(*shape, torch.bfloat16)
+    small = make_inputs(args.error_batch, *shape[1:], torch.bfloat16, seed=1)
+    rows = []
+    for name, fn in [*((m, gla(m)) for m in GLA_MODES), ("sdpa", sdpa)]:
+        row = {"op": name, "shape_BTHD": shape, "dtype": "bfloat16", **timings(fn, inputs, args.warmup, args.iters)}
+        if name != "sdpa":
+            row["max_rel_err_vs_fp64"] = max_errors(fn, small)
+        rows.append(row)
+    base = rows[-1]
+    env = environment()
+    for row in rows:
+        row.update(fwd_x_sdpa=row["fwd_ms"] / base["fwd_ms"], fwd_bwd_x_sdpa=row["fwd_bwd_ms"] / base["fwd_bwd_ms"])
+        row.update(env)
+    lengths = length_sweep(args) if args.lengths else []
+    out = args.out or RESULTS / f"bench_gla-{env['gpu'].replace(' ', '_')}-{env['date']}.json"
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps({"sublayer": rows, "lengths": lengths}, indent=2))
+    print(f"GLA sublayer, B T H D = {shape}, bf16 (gates fp32); errors on batch {args.error_batch}")
+    print(
+        "| op | fwd ms | fwd+bwd ms | fwd × SDPA | fwd+bwd × SDPA | max rel err (o, dq, dk, dv, dgk) | GPU | torch "
+        "| triton |"
+    )
+    print("|---|---|---|---|---|---|---|---|---|")
+    for r in rows:
+        err = ", ".join(f"{e:.1e}" for e in r.get("max_rel_err_vs_fp64", {}).values()) or "—"
+        print(
+            f"| {r['op']} | {r['fwd_ms']:.3f} | {r['fwd_bwd_ms']:.3f} | {r['fwd_x_sdpa']:.1f}× | "
+            f"{r['fwd_bwd_x_sdpa']:.1f}× | {err} | {r['gpu']} | {r['torch']} | {r['triton']} |"
+        )
+    if lengths:
+        print_lengths(lengths)
+
+
+def length_sweep(args: argparse.Namespace) -> list[dict]:
+    """fwd+bwd ms of chunk and short at each T of --lengths, batch ~ batch * tokens / T (same tokens per batch)."""
+    rows = []
+    for T in args.lengths:
+        batch = max(1, round(args.batch * args.tokens / T))
+        inputs = make_inputs(batch, T, args.heads, args.head_dim, torch.bfloat16)
+        row = {"T": T, "batch": batch}
+        for mode in ("chunk", "short"):
+            row[f"{mode}_fwd_bwd_ms"] = timings(gla(mode), inputs, args.warmup, args.iters)["fwd_bwd_ms"]
+        rows.append(row)
+    return rows
+
+
+def print_lengths(rows: list[dict]) -> None:
+    """The length sweep as markdown, and the longest T at which "short" beat "chunk"."""
+    print("\n| T | batch | chunk fwd+bwd ms | short fwd+bwd ms | short × chunk |")
+    print("|---|---|---|---|---|")
+    for r in rows:
+        ratio = r["short_fwd_bwd_ms"] / r["chunk_fwd_bwd_ms"]
+        print(f"| {r['T']} | {r['batch']} | {r['chunk_fwd_bwd_ms']:.3f} | {r['short_fwd_bwd_ms']:.3f} | {ratio:.2f}× |")
+    faster = [r["T"] for r in rows if r["short_fwd_bwd_ms"] < r["chunk_fwd_bwd_ms"]]
+    print(f"longest T where short beat chunk: {max(faster) if faster else 'none'} (kernels.gla.AUTO_SHORT_MAX_T)")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,118 @@
+"""The short-sequence GLA kernels on CUDA against the fp64 recurrence, beside fla's kernels, in LKAT and compiled."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+from lkat_lens.kernels.gla import gated_linear_attention, gla_recurrent
+from lkat_lens.kernels.gla_short import gla_short
+
+import lkat_lens
+
+pytestmark = [
+    pytest.mark.gpu,
+    pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU"),
+]
+
+NAMES = ("o", "dq", "dk", "dv", "dgk")
+TOL = {torch.float32: 1e-4, torch.bfloat16: 2e-2}
+# LKAT-S at 224^2: 196 patches + 4 registers + 1 class token, 6 heads of 64 (batch cut from 128 for the fp64 reference)
+LKAT_S = dict(B=32, T=201, H=6, K=64, V=64)
+
+
+def make_inputs(B: int, T: int, H: int, K: int, V: int, dtype: torch.dtype, seed: int = 0) -> list[torch.Tensor]:
+    """q, k, v in dtype, fp32 log gates logsigmoid(randn) / 16 (LKAT's) and an fp32 output gradient."""
+    gen = torch.Generator(device="cuda").manual_seed(seed)
+    q, k = (torch.randn(B, T, H, K, device="cuda", generator=gen).to(dtype) for _ in range(2))
+    v = torch.randn(B, T, H, V, device="cuda", generator=gen).to(dtype)
+    gk = F.logsigmoid(torch.randn(B, T, H, K, device="cuda", generator=gen)) / 16
+    return [q, k, v, gk, torch.randn(B, T, H, V, device="cuda", generator=gen)]
+
+
+def output_and_grads(fn, q, k, v, gk, do) -> list[torch.Tensor]:
+    """fn's output and the gradients of sum(o * do) w.r.t. q, k, v, gk."""
+    leaves = [x.detach().clone().requires_grad_() for x in (q, k, v, gk)]
+    o = fn(*leaves)
+    return [o.detach(), *torch.autograd.grad(o, leaves, do.to(o.dtype))]
+
+
+def errors(fn, inputs: list[torch.Tensor]) -> dict[str, tuple[float, float]]:
+    """(max-abs / max-ref, Frobenius relative) error of fn's output and gradients against the fp64 recurrence."""
+    got = output_and_grads(fn, *inputs)
+    ref = output_and_grads(lambda *x: gla_recurrent(*(t.double() for t in x))[0], *inputs[:4], inputs[4].double())
+    out = {}
+    for name, g, r in zip(NAMES, got, ref, strict=True):
+        assert torch.isfinite(g).all(), name
+        diff = g.double() - r
+        out[name] = ((diff.abs().max() / r.abs().max()).item(), (diff.norm() / r.norm()).item())
+    return out
+
+
+def mode(name: str):
+    """The dispatcher in one mode, as a function of (q, k, v, gk)."""
+    return lambda *x: gated_linear_attention(*x, mode=name)
+
+
+@pytest.mark.parametrize(
+    ("dtype", "fla_mode"), [(torch.bfloat16, "chunk"), (torch.float32, "fused_recurrent")], ids=str
+)
+def test_lkat_s_shape_no_less_exact_than_fla(dtype: torch.dtype, fla_mode: str) -> None:
+    """At LKAT-S's shape: within TOL of the fp64 recurrence, and no further from it than fla's kernel
+    (chunk_gla in bf16; fused_recurrent_gla in fp32, where fla 0.6.0's chunk_gla faults)."""
+    inputs = make_inputs(**LKAT_S, dtype=dtype)
+    ours, fla = errors(mode("short"), inputs), errors(mode(fla_mode), inputs)
+    print(f"\n{dtype} short vs fp64 {ours}\n{dtype} {fla_mode} vs fp64 {fla}")
+    for name in NAMES:
+        assert ours[name][0] < TOL[dtype], (name, ours[name])
+    if dtype == torch.bfloat16:
+        for name in NAMES:
+            assert ours[name][1] <= 1.05 * fla[name][1], (name, ours[name], fla[name])
+
+
+@pytest.mark.parametrize("T", [1, 17, 64, 201, 1024])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
+def test_lengths_match_recurrence(dtype: torch.dtype, T: int) -> None:
+    result = errors(mode("short"), make_inputs(B=2, T=T, H=4, K=64, V=64, dtype=dtype, seed=T))
+    assert all(result[name][0] < TOL[dtype] for name in NAMES), result
+
+
+def test_conv_layout_v_gives_identical_results() -> None:
+    """v in a conv output's layout (t fastest, as VisionGLA makes it) needs no copy and changes no bit."""
+    q, k, v, gk, do = make_inputs(B=2, T=201, H=6, K=64, V=64, dtype=torch.bfloat16)
+    v_conv = v.flatten(2).transpose(1, 2).contiguous().transpose(1, 2).unflatten(2, (6, 64))
+    plain = output_and_grads(gla_short, q, k, v, gk, do)
+    strided = output_and_grads(gla_short, q, k, v_conv, gk, do)
+    assert all(torch.equal(a, b) for a, b in zip(plain, strided, strict=True))
+
+
+def test_compiled_without_graph_break() -> None:
+    """torch.compile(fullgraph=True) with inductor keeps the custom op and gives the eager results."""
+    inputs = make_inputs(B=4, T=201, H=6, K=64, V=64, dtype=torch.bfloat16)
+
+    def fn(q, k, v, gk):
+        return gla_short(q * 2, k, v, F.logsigmoid(gk) / 16) + 1
+
+    compiled = torch.compile(fn, fullgraph=True)
+    eager, traced = output_and_grads(fn, *inputs), output_and_grads(compiled, *inputs)
+    for a, b in zip(eager, traced, strict=True):
+        torch.testing.assert_close(a, b, rtol=1e-2, atol=1e-2)
+
+
+def test_lkat_short_mode_matches_torch_mode() -> None:
+    """A small LKAT (head dim 64) with attn="short" on CUDA: logits and gradients as with the exact torch GLA."""
+    torch.manual_seed(0)
+    model = lkat_lens.create_model("lkat_micro", num_classes=10, embed_dim=128, num_heads=2).cuda()
+    x = torch.randn(8, 3, 16, 16, device="cuda")
+
+    def run(attn: str) -> list[torch.Tensor]:
+        model.zero_grad(set_to_none=True)
+        logits = model.set_backends(attn=attn)(x)
+        logits.square().sum().backward()
+        return [logits.detach(), *(p.grad.clone() for p in model.parameters())]
+
+    for got, ref in zip(run("short"), run("torch"), strict=True):
+        torch.testing.assert_close(got, ref, rtol=1e-4, atol=1e-5)
+    with torch.autocast("cuda", dtype=torch.bfloat16):
+        logits = model.set_backends(attn="short")(x)
+    assert torch.isfinite(logits).all()
