@@ -1,0 +1,25 @@
+#!/usr/bin/env bash
+# Kernel checks and figures on the GPU machine: the RBF and fused-KAN CUDA tests, then bench_rbf.py and
+# bench_kan_layer.py, each under `timeout`; logs and JSON under $OUT. About 8 minutes on an H100.
+#   bash benchmarks/gpu_kernels.sh
+# Needs python3 with torch and triton; installs lkat-lens (editable, no dependencies) unless it is importable.
+set -u
+OUT=${OUT:-/tmp/out}
+mkdir -p "$OUT"
+export PYTHONUNBUFFERED=1
+python3 -c "import lkat_lens" 2>/dev/null ||
+  python3 -m pip install -q --no-deps --no-build-isolation --no-index -e . > "$OUT/install.log" 2>&1 || exit 1
+python3 -c "import torch, triton; print(torch.cuda.get_device_name(), torch.__version__, triton.__version__)"
+
+run() {  # run NAME SECONDS COMMAND...: log to $OUT/NAME.log, print the exit status and the last line
+  local name=$1 limit=$2
+  shift 2
+  timeout "$limit" "$@" > "$OUT/$name.log" 2>&1
+  echo "$name: exit $? | $(tail -n 1 "$OUT/$name.log")"
+}
+
+run test_rbf_gpu 100 python3 -m pytest -q -m gpu -p no:cacheprovider tests/gpu/test_rbf_gpu.py
+run test_kan_gemm_gpu 150 python3 -m pytest -q -m gpu -p no:cacheprovider tests/gpu/test_kan_gemm_gpu.py
+cd benchmarks || exit 1
+run bench_rbf 110 python3 bench_rbf.py --out "$OUT/bench_rbf.json"
+run bench_kan_layer 110 python3 bench_kan_layer.py --out "$OUT/bench_kan_layer.json"
