@@ -55,8 +55,10 @@ def _span_start(u, a):
 def _mma(a, b, acc, DOT: tl.constexpr):
     """acc + a @ b. DOT "emulate" (interpreter, whose dot misreads bf16): the same product on fp32 copies."""
     if DOT == "emulate":
-        return tl.dot(a.to(tl.float32), b.to(tl.float32), acc, input_precision="ieee")
-    return tl.dot(a, b, acc, input_precision=DOT)
+        out = tl.dot(a.to(tl.float32), b.to(tl.float32), acc, input_precision="ieee")
+    else:
+        out = tl.dot(a, b, acc, input_precision=DOT)
+    return out
 
 
 @triton.jit
@@ -141,18 +143,13 @@ def _kan_bwd_dx_kernel(
     part_row = part_ptr + pid_m.to(tl.int64) * K * G + cols * G
     for a in tl.static_range(0, G, _SPAN):
         v, psi, step = _span_start(u, a)
-        s0 = tl.zeros((BLOCK_M, BLOCK_K), dtype=tl.float32)
-        s1 = tl.zeros((BLOCK_M, BLOCK_K), dtype=tl.float32)
         for j in tl.static_range(_SPAN):
             if a + j < G:
                 if j > 0:
                     psi = psi * step
-                w = (tl.load(gw_ptr + cols * stride_gw + (a + j), mask=col_ok, other=0.0) * _decay(j))[None, :]
-                s0 += w * psi
-                if j > 0:
-                    s1 += (w * j) * psi
+                w = tl.load(gw_ptr + cols * stride_gw + (a + j), mask=col_ok, other=0.0) * _decay(j)
+                deriv += w[None, :] * psi * (v - j)
                 tl.store(part_row + (a + j), tl.sum(dpsi * psi, axis=0) * _decay(j), mask=col_ok)
-        deriv += v * s0 - s1
     dx = dpsi * deriv * dx_scale
     dx_tile = dx_ptr + rows.to(tl.int64)[:, None] * stride_dxm + cols[None, :] * stride_dxk
     tl.store(dx_tile, dx.to(dx_ptr.dtype.element_ty), mask=mask)
@@ -293,16 +290,17 @@ def _configs(tiles: tuple[tuple[int, int, int, int, int], ...]) -> list[triton.C
     ]
 
 
-# H100 candidates per kernel (BLOCK_M, BLOCK_N, BLOCK_K, warps, stages); the autotuner skips a config that does
-# not fit in shared memory (the last of each list fits with fp32 operands). The backward kernels reduce over
-# BLOCK_N (dx) or BLOCK_M (dW).
+# H100 candidates per kernel (BLOCK_M, BLOCK_N, BLOCK_K, warps, stages), sized so that the accumulators and the
+# basis temporaries of a tile stay in registers; the autotuner skips a config that does not fit in shared
+# memory (the last of each list fits with fp32 operands). The backward kernels reduce over BLOCK_N (dx) or
+# BLOCK_M (dW).
 _TILES = {
-    "kan_fwd": ((128, 128, 64, 8, 3), (128, 256, 64, 8, 3), (64, 128, 64, 4, 4)),
-    "kan_dx": ((128, 64, 128, 8, 3), (128, 64, 64, 4, 4), (64, 64, 64, 4, 4)),
-    "kan_dw": ((64, 128, 128, 8, 3), (64, 128, 64, 4, 4), (64, 64, 128, 4, 3)),
+    "kan_fwd": ((128, 128, 64, 8, 3), (128, 256, 32, 8, 3), (64, 128, 32, 4, 4)),
+    "kan_dx": ((128, 64, 64, 8, 3), (64, 64, 128, 8, 3), (64, 64, 64, 4, 4)),
+    "kan_dw": ((64, 128, 128, 8, 3), (32, 128, 64, 4, 4), (32, 64, 64, 4, 4)),
     "edge_fwd": ((128, 128, 32, 8, 3), (128, 256, 32, 8, 2), (64, 64, 32, 4, 2)),
-    "edge_dx": ((64, 64, 64, 4, 3), (128, 64, 64, 8, 3), (128, 64, 128, 8, 3)),
-    "edge_dw": ((64, 64, 64, 4, 3), (64, 64, 64, 8, 3), (64, 128, 64, 8, 3)),
+    "edge_dx": ((64, 64, 64, 4, 3), (128, 64, 64, 8, 3), (64, 64, 128, 8, 3)),
+    "edge_dw": ((64, 64, 64, 8, 3), (64, 128, 64, 8, 3), (32, 64, 64, 4, 3)),
 }
 _KERNELS = {
     "kan_fwd": _kan_fwd_kernel,
