@@ -28,6 +28,7 @@ from triton.testing import do_bench
 RESULTS = Path(__file__).parent / "results"
 GRID = (-2.0, 2.0)
 MiB = 2**20
+TIMING = {"warmup": 10, "rep": 50, "return_mode": "median"}  # ms of warm-up and of timed repeats
 
 
 def markdown(header: list[str], rows: list[list[str]]) -> str:
@@ -59,7 +60,7 @@ def measure(name: str, fn: Callable[[], torch.Tensor], leaves: list[torch.Tensor
         fn().backward(dy)
 
     step()  # compile, autotune and let backend auto measure first
-    ms = do_bench(step, grad_to_none=leaves, return_mode="median")
+    ms = do_bench(step, grad_to_none=leaves, **TIMING)
     for t in leaves:
         t.grad = None
     torch.cuda.synchronize()

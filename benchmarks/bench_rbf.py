@@ -28,6 +28,7 @@ from triton.testing import do_bench
 RESULTS = Path(__file__).parent / "results"
 DTYPES = {"bf16": torch.bfloat16, "fp32": torch.float32}
 GRID = (-2.0, 2.0)
+TIMING = {"warmup": 10, "rep": 50, "return_mode": "median"}  # ms of warm-up and of timed repeats
 Op = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
 
 
@@ -67,7 +68,7 @@ def bench_one(form: str, tokens: int, D: int, G: int, dtype: torch.dtype) -> dic
     for name, op in ops.items():
         step = fwd_bwd(op, x, w, dy)
         step()  # compile and autotune first
-        row[f"{name}_ms"] = do_bench(step, grad_to_none=[x, w], return_mode="median")
+        row[f"{name}_ms"] = do_bench(step, grad_to_none=[x, w], **TIMING)
         row[f"{name}_peak_MiB"] = peak_extra_bytes(step, x, w) / 2**20
     row["speedup"] = row["torch_ms"] / row["triton_ms"]
     row["mem_ratio"] = row["torch_peak_MiB"] / row["triton_peak_MiB"]
@@ -80,7 +81,7 @@ def copy_bandwidth(numel: int = 1 << 28) -> float:
     """Device-to-device copy bandwidth in GB/s (read + write of a bf16 tensor of numel elements)."""
     src = torch.randn(numel, device="cuda").to(torch.bfloat16)
     dst = torch.empty_like(src)
-    ms = do_bench(lambda: dst.copy_(src), return_mode="median")
+    ms = do_bench(lambda: dst.copy_(src), **TIMING)
     return 2 * src.nbytes / ms / 1e6
 
 
@@ -91,8 +92,8 @@ def bandwidth_row(form: str, G: int, numel: int, copy_gbps: float) -> dict:
     x = torch.randn(rows, D, device="cuda").mul_(1.5).to(torch.bfloat16)
     dy = torch.randn(rows, D, device="cuda").to(torch.bfloat16)
     w = torch.randn(D, G, device="cuda") if form == "channel" else torch.randn(1, G, device="cuda")
-    fwd_ms = do_bench(lambda: rbf_triton.rbf_grid_linear_fwd(x, w, *GRID), return_mode="median")
-    bwd_ms = do_bench(lambda: rbf_triton.rbf_grid_linear_bwd(x, w, dy, *GRID), return_mode="median")
+    fwd_ms = do_bench(lambda: rbf_triton.rbf_grid_linear_fwd(x, w, *GRID), **TIMING)
+    bwd_ms = do_bench(lambda: rbf_triton.rbf_grid_linear_bwd(x, w, dy, *GRID), **TIMING)
     fwd_gbps, bwd_gbps = 2 * x.nbytes / fwd_ms / 1e6, 3 * x.nbytes / bwd_ms / 1e6
     row = {"form": form, "G": G, "elements": x.numel(), "D": D, "copy_GBps": copy_gbps}
     row |= {"fwd_ms": fwd_ms, "fwd_GBps": fwd_gbps, "fwd_frac": fwd_gbps / copy_gbps}
@@ -102,7 +103,7 @@ def bandwidth_row(form: str, G: int, numel: int, copy_gbps: float) -> dict:
         for name, op in (("paper", paper_rbf_grid_linear), ("triton", rbf_grid_linear)):
             step = fwd_bwd(lambda a, b, op=op: op(a, b, *GRID), xg, wg, dy.reshape(-1))
             step()  # compile and autotune first
-            row[f"{name}_fwd_bwd_ms"] = do_bench(step, grad_to_none=[xg, wg], return_mode="median")
+            row[f"{name}_fwd_bwd_ms"] = do_bench(step, grad_to_none=[xg, wg], **TIMING)
         row["vs_paper"] = row["paper_fwd_bwd_ms"] / row["triton_fwd_bwd_ms"]
     return row
 

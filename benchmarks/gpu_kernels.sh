@@ -18,8 +18,8 @@ run() {  # run NAME SECONDS COMMAND...: log to $OUT/NAME.log, print the exit sta
   echo "$name: exit $? | $(tail -n 1 "$OUT/$name.log")"
 }
 
-run test_rbf_gpu 100 python3 -m pytest -q -m gpu -p no:cacheprovider tests/gpu/test_rbf_gpu.py
-run test_kan_gemm_gpu 150 python3 -m pytest -q -m gpu -p no:cacheprovider tests/gpu/test_kan_gemm_gpu.py
+run test_rbf_gpu 90 python3 -m pytest -q -m gpu -p no:cacheprovider tests/gpu/test_rbf_gpu.py
+run test_kan_gemm_gpu 180 python3 -m pytest -q -m gpu -p no:cacheprovider tests/gpu/test_kan_gemm_gpu.py
 cd benchmarks || exit 1
-run bench_rbf 110 python3 bench_rbf.py --out "$OUT/bench_rbf.json"
-run bench_kan_layer 110 python3 bench_kan_layer.py --out "$OUT/bench_kan_layer.json"
+run bench_rbf 120 python3 bench_rbf.py --out "$OUT/bench_rbf.json"
+run bench_kan_layer 90 python3 bench_kan_layer.py --out "$OUT/bench_kan_layer.json"

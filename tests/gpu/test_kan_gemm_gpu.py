@@ -14,7 +14,8 @@ GRID = (-2.0, 2.0)
 # ||out - ref|| / ||ref||: y, dx, dW in the operand dtype; grid-weight grads accumulate in fp32.
 TOL = {torch.float32: 1e-5, torch.bfloat16: 1e-2}
 DGW_TOL = 1e-4
-# Ragged against every tile size: rows, in features, out features.
+# Ragged against every tile size: rows, in features, out features. Other shapes below keep sizes that are not
+# multiples of 16, so that they reuse these compiled kernels (Triton specialises on divisibility by 16).
 M, K, N = 1031, 203, 301
 
 
@@ -54,7 +55,8 @@ def _rel(out: torch.Tensor, ref: torch.Tensor) -> float:
 
 @pytest.mark.parametrize(
     "form,G,dtype",
-    [(f, 8, d) for f in ("shared", "channel", "edge") for d in (torch.float32, torch.bfloat16)]
+    [(f, 8, torch.bfloat16) for f in ("shared", "channel", "edge")]
+    + [(f, 8, torch.float32) for f in ("channel", "edge")]
     + [(f, G, torch.bfloat16) for f in ("shared", "edge") for G in (4, 16)],
     ids=str,
 )
@@ -71,7 +73,7 @@ def test_fused_matches_fp64(form: str, G: int, dtype: torch.dtype) -> None:
 @pytest.mark.parametrize("form", ["shared", "edge"])
 def test_fused_memory_never_holds_the_basis(form: str) -> None:
     """Peak extra memory of forward+backward: y, dx, dW and small partials, never [M, K] psi or [M, K*G] Phi."""
-    x, gw, W, dy = _operands(form, 8, torch.bfloat16, seed=1, shape=(16384, 512, 512))
+    x, gw, W, dy = _operands(form, 8, torch.bfloat16, seed=1, shape=(16411, 507, 509))
     _run(form, x[:64], gw, W, dy[:64], "fused")  # compile and autotune outside the window
     xt, gwt, Wt = (t.clone().requires_grad_() for t in (x, gw, W))
     torch.cuda.synchronize()
@@ -91,7 +93,7 @@ def test_fused_memory_never_holds_the_basis(form: str) -> None:
 
 
 def test_grid_weight_grad_is_deterministic() -> None:
-    x, gw, W, dy = _operands("channel", 4, torch.float32, seed=2, shape=(20000, 256, 384))
+    x, gw, W, dy = _operands("channel", 8, torch.float32, seed=2, shape=(20011, 203, 301))
     first, second = _run("channel", x, gw, W, dy, "fused"), _run("channel", x, gw, W, dy, "fused")
     assert all(torch.equal(first[k], second[k]) for k in first)
 
@@ -99,7 +101,7 @@ def test_grid_weight_grad_is_deterministic() -> None:
 @pytest.mark.parametrize("form", ["shared", "edge"])
 def test_autocast_bf16(form: str) -> None:
     """Under bf16 autocast with fp32 parameters and x: bf16 output, fp32 grads, close to the fp32 reference."""
-    x, gw, W, dy = _operands(form, 4, torch.float32, seed=3)
+    x, gw, W, dy = _operands(form, 8, torch.float32, seed=3)
     with torch.autocast("cuda", dtype=torch.bfloat16):
         fused = _run(form, x, gw, W, dy.bfloat16(), "fused")
     ref = _run(form, x.double(), gw.double(), W.bfloat16().double(), dy.bfloat16().double(), None)
@@ -111,8 +113,8 @@ def test_autocast_bf16(form: str) -> None:
 def test_auto_backend_picks_a_correct_path_once(basis: str) -> None:
     """KANLayer on CUDA with backend auto: one measurement per shape, the chosen path matches torch."""
     torch.manual_seed(0)
-    layer = KANLayer(192, 768, basis=basis).cuda().bfloat16()
-    x = torch.randn(8, 197, 192, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+    layer = KANLayer(K, N, num_grids=8, basis=basis).cuda().bfloat16()
+    x = torch.randn(7, 147, K, device="cuda", dtype=torch.bfloat16, requires_grad=True)
     kan_dispatch.clear_choices()
     y = layer(x)
     choices = kan_dispatch.cached_choices()
