@@ -1,7 +1,13 @@
-"""Choose the fastest correct path of a KAN layer per layer shape on CUDA: measured once, cached per process."""
+"""Choose the fastest correct path of a KAN layer per layer shape: checked and measured once, cached per process.
+
+Correctness is checked against the "torch" path on the first CHECK_ROWS rows of x only, so the check never
+materialises the full-size basis the torch path builds (gigabytes for a large training batch). Only paths that
+pass are timed, at full size; the torch path is the fallback, never a timed candidate.
+"""
 
 from __future__ import annotations
 
+import time
 import warnings
 from collections.abc import Callable, Sequence
 
@@ -10,6 +16,7 @@ import torch
 # A path is taken only if its output and input gradient are this close to the torch path's (relative norm).
 _TOL = {torch.float32: 1e-3, torch.bfloat16: 3e-2, torch.float16: 3e-2}
 _REPEATS = 5
+CHECK_ROWS = 4096
 _CHOICES: dict[tuple, str] = {}
 
 Run = Callable[..., torch.Tensor]
@@ -26,67 +33,87 @@ def clear_choices() -> None:
 
 
 def choose_path(key: tuple, paths: Sequence[str], run: Run, inputs: Sequence[torch.Tensor], default: str) -> str:
-    """The cached path for key, else the fastest of paths whose results match the "torch" path on these inputs.
+    """The cached path for key, else the fastest of `paths` whose results match the "torch" path.
 
-    run(path, *inputs) computes the layer. The measurement is a forward (and a backward into the inputs
-    that require grad, when grad mode is on) on copies of the inputs; while torch.compile traces or a
-    CUDA graph is captured nothing is measured and an unmeasured key gets default.
+    run(path, x, *params) computes the layer; inputs = (x, *params) with x [..., in]. The measurement is a
+    forward (and a backward, when grad mode is on and an input requires grad) on detached copies. While
+    torch.compile traces or a CUDA graph is captured nothing is measured and an unmeasured key gets default.
     """
     if key in _CHOICES:
         return _CHOICES[key]
-    if torch.compiler.is_compiling() or torch.cuda.is_current_stream_capturing():
+    if torch.compiler.is_compiling() or (torch.cuda.is_available() and torch.cuda.is_current_stream_capturing()):
         return default
-    _CHOICES[key] = _fastest_correct(key, paths, run, inputs)
+    _CHOICES[key] = _fastest_correct(key, [p for p in paths if p != "torch"], run, inputs)
     return _CHOICES[key]
 
 
-def _fastest_correct(key: tuple, paths: Sequence[str], run: Run, inputs: Sequence[torch.Tensor]) -> str:
-    """Time every path that runs and matches the torch path; the torch path is always a candidate."""
+def _copies(inputs: Sequence[torch.Tensor], train: bool, rows: int | None = None) -> list[torch.Tensor]:
+    """Detached copies of (x, *params), x cut to its first `rows` rows, requiring grad as the originals do."""
+    x, *params = inputs
+    if rows is not None:
+        x = x.reshape(-1, x.shape[-1])[:rows]
+    return [t.detach().clone().requires_grad_(t.requires_grad and train) for t in (x, *params)]
+
+
+def _fastest_correct(key: tuple, candidates: Sequence[str], run: Run, inputs: Sequence[torch.Tensor]) -> str:
+    """Check every candidate (output and all gradients) against torch on a row slice; time those that pass at
+    full size; torch if none passes."""
     train = torch.is_grad_enabled() and any(t.requires_grad for t in inputs)
-    probes = [t.detach().clone().requires_grad_(t.requires_grad and train) for t in inputs]
-    reference = _step(run, "torch", probes, None)
+    head = _copies(inputs, train, CHECK_ROWS)
+    reference = _step(run, "torch", head, None)
     dy = torch.randn_like(reference[0]) if train else None
-    reference = _step(run, "torch", probes, dy)
-    times = {"torch": _time(run, "torch", probes, dy)}
-    for path in paths:
-        if path == "torch":
-            continue
+    reference = _step(run, "torch", head, dy)
+    passing = []
+    for path in candidates:
         try:
-            results = _step(run, path, probes, dy)  # also compiles and autotunes
+            results = _step(run, path, head, dy)
         except Exception as err:  # a kernel that does not build or launch on this device is skipped, not fatal
-            warnings.warn(f"KAN path {path!r} failed for {key} and is not used: {err}", RuntimeWarning, stacklevel=3)
+            warnings.warn(f"KAN path {path!r} failed for {key} and is not used: {err}", RuntimeWarning, stacklevel=4)
             continue
-        errors = [_rel_error(out, ref) for out, ref in zip(results, reference, strict=True)]
-        if max(errors) > _TOL.get(reference[0].dtype, 1e-3):
-            warnings.warn(f"KAN path {path!r} differs from torch for {key} ({errors}); not used", stacklevel=3)
+        same = len(results) == len(reference)  # a path that leaves a gradient out is wrong
+        errors = [_rel_error(out, ref) for out, ref in zip(results, reference, strict=False)] if same else []
+        if not errors or max(errors) > _TOL.get(reference[0].dtype, 1e-3):
+            warnings.warn(f"KAN path {path!r} differs from torch for {key} ({errors}); not used", stacklevel=4)
             continue
-        times[path] = _time(run, path, probes, dy)
+        passing.append(path)
+    if len(passing) < 2:
+        return passing[0] if passing else "torch"
+    full = _copies(inputs, train)
+    y = _step(run, passing[0], full, None)[0]
+    dy_full = torch.randn_like(y) if train else None
+    times = {}
+    for path in passing:
+        _step(run, path, full, dy_full)  # compiles and autotunes for the full shape outside the timing
+        times[path] = _time(run, path, full, dy_full)
     return min(times, key=times.get)
 
 
 def _step(run: Run, path: str, probes: list[torch.Tensor], dy: torch.Tensor | None) -> list[torch.Tensor]:
-    """Output, and with dy the gradient of the first input (x), of one call."""
-    probes[0].grad = None
+    """Output, and with dy the gradients of every input that requires grad, of one call."""
+    for t in probes:
+        t.grad = None
     y = run(path, *probes)
     if dy is None:
         return [y.detach()]
     y.backward(dy)
-    return [y.detach()] + ([probes[0].grad] if probes[0].grad is not None else [])
+    return [y.detach()] + [t.grad for t in probes if t.requires_grad and t.grad is not None]
 
 
 def _time(run: Run, path: str, probes: list[torch.Tensor], dy: torch.Tensor | None) -> float:
-    """Mean milliseconds of one call (forward, and backward with dy) over a few repeats."""
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    start.record()
+    """Mean seconds of one call (forward, and backward with dy) over a few repeats, device synchronised."""
+    cuda = probes[0].is_cuda
+    if cuda:
+        torch.cuda.synchronize(probes[0].device)
+    start = time.perf_counter()
     for _ in range(_REPEATS):
         for t in probes:
             t.grad = None
         y = run(path, *probes)
         if dy is not None:
             y.backward(dy)
-    end.record()
-    end.synchronize()
-    return start.elapsed_time(end) / _REPEATS
+    if cuda:
+        torch.cuda.synchronize(probes[0].device)
+    return (time.perf_counter() - start) / _REPEATS
 
 
 def _rel_error(out: torch.Tensor, ref: torch.Tensor) -> float:
