@@ -140,7 +140,8 @@ class LKAT(HookedModel):
         return {"patches": slice(0, n), "registers": slice(n, n + r), "cls": slice(n + r, n + r + 1)}
 
     def set_backends(self, attn: str | None = None, kan: str | None = None) -> LKAT:
-        """Choose the GLA mode (auto/chunk/fused_recurrent/torch) and the RBF kernel backend (auto/triton/torch)."""
+        """Choose the GLA mode (kernels.gla.MODES: auto/chunk/fused_recurrent/short/torch) and the KAN layers'
+        kernel backend (kernels.kan_linear.BACKENDS: auto/torch/triton/fused)."""
         for module in self.modules():
             if attn is not None and isinstance(module, VisionGLA):
                 module.mode = attn
