@@ -32,7 +32,7 @@ test-gpu: setup
 	$(BIN)/python -m pytest -q -m gpu tests/gpu $(ARGS)
 
 lint: setup
-	$(BIN)/ruff check .
+	$(BIN)/ruff check . && $(BIN)/ruff format --check .
 
 clean:
 	rm -rf $(VENV) build *.egg-info .pytest_cache

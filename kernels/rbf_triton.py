@@ -120,8 +120,8 @@ def _rbf_grid_linear_kernel(
 
 def _forward_configs(channel: bool) -> list[triton.Config]:
     """Autotune candidates of the forward (rows x channels tiles, warps)."""
-    tiles = ((4, 256, 8), (8, 128, 4), (16, 128, 4), (8, 256, 4)) if channel else (
-        (1024, 1, 4), (2048, 1, 8), (4096, 1, 8)
+    tiles = (
+        ((4, 256, 8), (8, 128, 4), (16, 128, 4), (8, 256, 4)) if channel else ((1024, 1, 4), (2048, 1, 8), (4096, 1, 8))
     )
     return [triton.Config({"BLOCK_N": n, "BLOCK_D": d}, num_warps=w) for n, d, w in tiles]
 

@@ -76,11 +76,17 @@ def analyze(
         logits = model(sample.images)
     report: dict[str, Any] = {
         "checkpoint": info.path,
-        "model": {"name": info.model_name, "kwargs": info.model_kwargs,
-                  "parameters": sum(p.numel() for p in model.parameters())},
+        "model": {
+            "name": info.model_name,
+            "kwargs": info.model_kwargs,
+            "parameters": sum(p.numel() for p in model.parameters()),
+        },
         "data": {k: v for k, v in info.data.items() if k != "class_names"},
-        "sample": {"images": len(sample.labels), "probe_train_images": len(probe_train.labels),
-                   "top1": (logits.argmax(-1) == sample.labels).float().mean().item()},
+        "sample": {
+            "images": len(sample.labels),
+            "probe_train_images": len(probe_train.labels),
+            "top1": (logits.argmax(-1) == sample.labels).float().mean().item(),
+        },
     }
     jobs = analyses_for(model, sample, probe_train, attribution_images)
     for key, job in tqdm(jobs.items(), desc="analyses", disable=not progress):

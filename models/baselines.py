@@ -91,9 +91,7 @@ def _routed_output(module: nn.Module) -> HookPoint:
     return point
 
 
-def _route_output(
-    point: HookPoint, module: nn.Module, args: tuple[Any, ...], output: torch.Tensor
-) -> torch.Tensor:
+def _route_output(point: HookPoint, module: nn.Module, args: tuple[Any, ...], output: torch.Tensor) -> torch.Tensor:
     return point(output)
 
 

@@ -125,8 +125,13 @@ class LKAT(HookedModel):
         for p in (self.pos_embed, self.cls_token, self.register_tokens):
             trunc_normal_(p, std=0.02)
         own_init = {sub for m in self.modules() if isinstance(m, VisionGLA) for sub in m.modules()}
-        own_init |= {getattr(m, name) for m in self.modules() if isinstance(m, KANLayer)
-                     for name in KANLayer.SELF_INITIALISED if getattr(m, name, None) is not None}
+        own_init |= {
+            getattr(m, name)
+            for m in self.modules()
+            if isinstance(m, KANLayer)
+            for name in KANLayer.SELF_INITIALISED
+            if getattr(m, name, None) is not None
+        }
         for m in self.modules():
             if isinstance(m, nn.Linear) and m not in own_init:
                 trunc_normal_(m.weight, std=0.02)

@@ -6,9 +6,7 @@ import torch
 from torch import nn
 
 
-def rope_2d_angles(
-    grid: tuple[int, int], head_dim: int, theta: float = 10000.0, base_size: int = 14
-) -> torch.Tensor:
+def rope_2d_angles(grid: tuple[int, int], head_dim: int, theta: float = 10000.0, base_size: int = 14) -> torch.Tensor:
     """Rotation angles [H*W, head_dim/2] for a patch grid, interleaving x and y frequencies."""
     if head_dim % 4:
         raise ValueError(f"2D RoPE needs a head dim divisible by 4, got {head_dim}")

@@ -64,9 +64,7 @@ def perturbed(model: nn.Module) -> nn.Module:
 @pytest.fixture(scope="module")
 def vit5():
     torch.manual_seed(0)
-    return perturbed(
-        ViT5(img_size=IMG, patch_size=PATCH, embed_dim=D, depth=DEPTH, num_heads=H, num_classes=10)
-    ).eval()
+    return perturbed(ViT5(img_size=IMG, patch_size=PATCH, embed_dim=D, depth=DEPTH, num_heads=H, num_classes=10)).eval()
 
 
 @pytest.fixture(scope="module")
@@ -97,10 +95,7 @@ def test_vit5_variants_are_in_the_timm_registry(name):
     with torch.device("meta"):
         model = timm.create_model(name, num_classes=100)
     assert isinstance(model, ViT5)
-    assert (
-        model.embed_dim == VIT5_VARIANTS[name]["embed_dim"]
-        and len(model.blocks) == VIT5_VARIANTS[name]["depth"]
-    )
+    assert model.embed_dim == VIT5_VARIANTS[name]["embed_dim"] and len(model.blocks) == VIT5_VARIANTS[name]["depth"]
 
 
 def test_lkat_lens_import_registers_vit5_and_builds_it():
@@ -158,9 +153,7 @@ def test_vit5_hook_names_and_shapes(vit5, images):
     want = {"hook_embed": (B, T, D), "hook_final": (B, T, D)}
     for i in range(DEPTH):
         p = f"blocks.{i}."
-        want |= {
-            p + n: (B, T, D) for n in ("hook_resid_pre", "hook_resid_mid", "hook_resid_post", "attn.hook_out")
-        }
+        want |= {p + n: (B, T, D) for n in ("hook_resid_pre", "hook_resid_mid", "hook_resid_post", "attn.hook_out")}
         want |= {p + f"attn.hook_{n}": (B, T, H, DH) for n in "qkv"}
         want[p + "attn.hook_pattern"] = (B, H, T, T)
     assert set(vit5.list_hooks()) == set(want)
@@ -209,9 +202,7 @@ def test_vit5_pattern_and_block_reproduce_the_forward(vit5, images):
     torch.testing.assert_close(attn.proj(mixed), cache["blocks.1.attn.hook_out"], rtol=1e-5, atol=1e-6)
     pre, mid = cache["blocks.1.hook_resid_pre"], cache["blocks.1.hook_resid_mid"]
     torch.testing.assert_close(mid, pre + block.gamma_1 * cache["blocks.1.attn.hook_out"])
-    torch.testing.assert_close(
-        cache["blocks.1.hook_resid_post"], mid + block.gamma_2 * block.mlp(block.norm2(mid))
-    )
+    torch.testing.assert_close(cache["blocks.1.hook_resid_post"], mid + block.gamma_2 * block.mlp(block.norm2(mid)))
     # q/k: RMS-normalised heads, then RoPE (a rotation: keeps each head's norm) on patches and registers only.
     pre_rope = attn.q_norm(attn.qkv(block.norm1(pre)).unflatten(-1, (3, H, DH))[:, :, 0])
     torch.testing.assert_close(q[:, 0], pre_rope[:, 0], rtol=0, atol=0)
@@ -364,17 +355,13 @@ def test_hooked_vit_patching_changes_the_forward(timm_images):
     with model.hooks(fwd_hooks=[("blocks.1.hook_resid_pre", zero)]):
         _, patched = model.run_with_cache(timm_images, names=["blocks.1.attn.hook_out"])
     second = model.blocks[1]
-    torch.testing.assert_close(
-        patched["blocks.1.attn.hook_out"], second.attn(second.norm1(torch.zeros(B, 17, 32)))
-    )
+    torch.testing.assert_close(patched["blocks.1.attn.hook_out"], second.attn(second.norm1(torch.zeros(B, 17, 32))))
 
 
 def test_hooked_mixer_names_and_layout(timm_images):
     model = attach_hook_points(small_mixer())
     _, cache = model.run_with_cache(timm_images)
-    want = {"hook_embed", "hook_final"} | {
-        f"blocks.{i}.hook_resid_{s}" for i in range(2) for s in ("pre", "post")
-    }
+    want = {"hook_embed", "hook_final"} | {f"blocks.{i}.hook_resid_{s}" for i in range(2) for s in ("pre", "post")}
     assert set(model.list_hooks()) == want and set(cache) == want
     assert all(v.shape == (B, 16, 32) for v in cache.values())
     assert model.token_layout == {"patches": slice(0, 16)}

@@ -14,9 +14,15 @@ def reference_lkat_state_dict(dim=192, depth=12, heads=3, grids=4, classes=1000,
     g = torch.Generator().manual_seed(0)
     n, dh, hidden = (img // patch) ** 2, dim // heads, 4 * dim
     shapes = {
-        "cls_token": (1, 1, dim), "register_tokens": (1, regs, dim), "pos_embed": (1, n + regs + 1, dim),
-        "patch_embed.proj.weight": (dim, 3, patch, patch), "patch_embed.proj.bias": (dim,),
-        "norm.weight": (dim,), "norm.bias": (dim,), "head.weight": (classes, dim), "head.bias": (classes,),
+        "cls_token": (1, 1, dim),
+        "register_tokens": (1, regs, dim),
+        "pos_embed": (1, n + regs + 1, dim),
+        "patch_embed.proj.weight": (dim, 3, patch, patch),
+        "patch_embed.proj.bias": (dim,),
+        "norm.weight": (dim,),
+        "norm.bias": (dim,),
+        "head.weight": (classes, dim),
+        "head.bias": (classes,),
     }
     for i in range(depth):
         b = f"blocks.{i}."
@@ -24,9 +30,15 @@ def reference_lkat_state_dict(dim=192, depth=12, heads=3, grids=4, classes=1000,
             shapes[b + f"attn.{proj}.weight"] = (dim, dim)
         for conv in ("q_conv1d", "k_conv1d", "v_conv1d"):
             shapes[b + f"attn.{conv}.weight"] = (dim, 1, 4)
-        shapes |= {b + "attn.gk_proj.0.weight": (16, dim), b + "attn.gk_proj.1.weight": (dim, 16),
-                   b + "attn.gk_proj.1.bias": (dim,), b + "attn.q_norm.weight": (dh,), b + "attn.k_norm.weight": (dh,),
-                   b + "attn.g_norm.weight": (dh,), b + "attn.g_norm.bias": (dh,)}
+        shapes |= {
+            b + "attn.gk_proj.0.weight": (16, dim),
+            b + "attn.gk_proj.1.weight": (dim, 16),
+            b + "attn.gk_proj.1.bias": (dim,),
+            b + "attn.q_norm.weight": (dh,),
+            b + "attn.k_norm.weight": (dh,),
+            b + "attn.g_norm.weight": (dh,),
+            b + "attn.g_norm.bias": (dh,),
+        }
         for norm in ("norm1", "norm2"):
             shapes |= {b + f"{norm}.weight": (dim,), b + f"{norm}.bias": (dim,)}
         for fc, (i_, o_) in (("fc1", (dim, hidden)), ("fc2", (hidden, dim))):
@@ -46,9 +58,14 @@ def micro():
 
 def save_micro(model, path, **extra):
     save_checkpoint(
-        path, model_name="lkat_micro", model_kwargs={"num_classes": 10}, state_dict=model.state_dict(),
-        data={"name": "digits", "class_names": [str(i) for i in range(10)]}, train={"epoch": 3},
-        metrics=[{"epoch": 0, "val_top1": 0.5}], **extra,
+        path,
+        model_name="lkat_micro",
+        model_kwargs={"num_classes": 10},
+        state_dict=model.state_dict(),
+        data={"name": "digits", "class_names": [str(i) for i in range(10)]},
+        train={"epoch": 3},
+        metrics=[{"epoch": 0, "val_top1": 0.5}],
+        **extra,
     )
 
 

@@ -123,6 +123,7 @@ def test_patching_hook_changes_output_and_is_removed_after_exception(lkat, image
 def test_backward_hooks_see_gradients(lkat, images):
     seen = {}
     x = images.clone().requires_grad_(True)
+
     def record(grad, hook):
         seen[hook.name] = tuple(grad.shape)
 

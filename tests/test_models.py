@@ -46,8 +46,13 @@ def test_imports_and_no_generic_top_level_names(tmp_path):
 
 def test_timm_registry_with_keyword_arguments():
     model = timm.create_model(
-        "lkat_tiny_patch16_224", num_classes=10, img_size=32, patch_size=8, kan_num_grids=6,
-        kan_basis="channel", kan_gated=True,
+        "lkat_tiny_patch16_224",
+        num_classes=10,
+        img_size=32,
+        patch_size=8,
+        kan_num_grids=6,
+        kan_basis="channel",
+        kan_gated=True,
     )
     assert isinstance(model, LKAT)
     assert model.num_patches == 16 and model.head.out_features == 10
@@ -80,9 +85,9 @@ def test_class_token_is_last_and_reads_every_patch():
     tokens = model.forward_features(x)
     assert tokens.shape == (1, model.num_patches + 4 + 1, 64)
     probe = torch.randn(64)  # a plain sum would vanish through the final LayerNorm
-    grad_cls, = torch.autograd.grad(tokens[0, -1] @ probe, x)
+    (grad_cls,) = torch.autograd.grad(tokens[0, -1] @ probe, x)
     assert (grad_cls.abs().sum(dim=(0, 1)).reshape(4, 4, 4, 4).sum(dim=(1, 3)) > 0).all()
-    grad_first, = torch.autograd.grad(model.forward_features(x)[0, 0] @ probe, x)
+    (grad_first,) = torch.autograd.grad(model.forward_features(x)[0, 0] @ probe, x)
     assert grad_first[..., :4, :4].abs().sum() > 0
     assert grad_first[..., 4:, :].abs().sum() == 0  # patch 0 cannot read later rows of patches
 

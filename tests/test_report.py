@@ -20,8 +20,17 @@ def strict_json(path):
 
 def test_analyze_writes_every_analysis(digits_checkpoint, tmp_path, capsys):
     out = tmp_path / "report.json"
-    argv = [str(digits_checkpoint), "--num-images", "16", "--probe-images", "48", "--attribution-images", "2",
-            "--out", str(out)]
+    argv = [
+        str(digits_checkpoint),
+        "--num-images",
+        "16",
+        "--probe-images",
+        "48",
+        "--attribution-images",
+        "2",
+        "--out",
+        str(out),
+    ]
     assert cli.main(["analyze", *argv]) == 0
     report = strict_json(out)
     assert SECTIONS <= set(report)

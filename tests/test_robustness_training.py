@@ -68,7 +68,8 @@ def test_sigkill_during_checkpoint_write_keeps_previous_and_resume_continues(tmp
     flag = tmp_path / "WRITING"
     proc = subprocess.Popen(
         [sys.executable, "-c", HANGING_WRITER, str(flag), *ARGS, "--data-dir", str(folder), "--out-dir", str(tmp_path)],
-        stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
     )
     deadline = time.monotonic() + 120
     while not flag.exists():

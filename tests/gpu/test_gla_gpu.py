@@ -49,9 +49,7 @@ def check_against_recurrence(mode: str, T: int, dtype: torch.dtype) -> None:
     weight = torch.randn_like(inputs[2], dtype=torch.float32)
     scale = 0.1
     got = output_and_grads(lambda *x: gated_linear_attention(*x, scale=scale, mode=mode), inputs, weight)
-    ref = output_and_grads(
-        lambda *x: gla_recurrent(*(t.double() for t in x), scale=scale)[0], inputs, weight.double()
-    )
+    ref = output_and_grads(lambda *x: gla_recurrent(*(t.double() for t in x), scale=scale)[0], inputs, weight.double())
     assert got[0].dtype == dtype and got[0].shape == inputs[2].shape
     for name, g, r in zip(("o", "dq", "dk", "dv", "dgk"), got, ref, strict=True):
         assert torch.isfinite(g).all(), name
