@@ -8,14 +8,11 @@ measured errors are asserted here.
 from __future__ import annotations
 
 import itertools
-import json
-import os
-import subprocess
-import sys
 
 import pytest
 import torch
 import torch.nn.functional as F
+import triton_interpreter
 from lkat_lens.kernels import kan_triton
 from lkat_lens.kernels.kan_linear import edge_kan_linear, edge_linear_reference, kan_linear, kan_linear_reference
 from lkat_lens.kernels.rbf import rbf_basis, rbf_grid_linear
@@ -147,13 +144,7 @@ def interpreter_measurements() -> dict:
 @pytest.fixture(scope="module")
 def interp() -> dict:
     """Interpreter measurements, computed here or in a child process with TRITON_INTERPRET=1."""
-    if kan_triton.INTERPRET:
-        return interpreter_measurements()
-    env = {**os.environ, "TRITON_INTERPRET": "1"}
-    proc = subprocess.run([sys.executable, __file__], env=env, capture_output=True, text=True, timeout=600)
-    lines = [line for line in proc.stdout.splitlines() if line.startswith("RESULTS ")]
-    assert proc.returncode == 0 and lines, proc.stderr[-4000:]
-    return json.loads(lines[-1].removeprefix("RESULTS "))
+    return triton_interpreter.measurements(__file__, kan_triton.INTERPRET, interpreter_measurements)
 
 
 @pytest.mark.parametrize("case_id", list(CASES))
@@ -210,4 +201,4 @@ def test_input_validation() -> None:
 
 
 if __name__ == "__main__":
-    print("RESULTS " + json.dumps(interpreter_measurements()))
+    triton_interpreter.report(interpreter_measurements)

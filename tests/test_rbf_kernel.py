@@ -9,13 +9,10 @@ run as a script), and each case's measured errors are asserted here.
 from __future__ import annotations
 
 import itertools
-import json
-import os
-import subprocess
-import sys
 
 import pytest
 import torch
+import triton_interpreter
 from lkat_lens.kernels import rbf_triton
 from lkat_lens.kernels.rbf import rbf_basis, rbf_grid_linear, rbf_grid_linear_reference
 
@@ -111,13 +108,7 @@ def interpreter_measurements() -> dict:
 @pytest.fixture(scope="module")
 def interp() -> dict:
     """Interpreter measurements, computed here or in a child process with TRITON_INTERPRET=1."""
-    if rbf_triton.INTERPRET:
-        return interpreter_measurements()
-    env = {**os.environ, "TRITON_INTERPRET": "1"}
-    proc = subprocess.run([sys.executable, __file__], env=env, capture_output=True, text=True, timeout=600)
-    lines = [line for line in proc.stdout.splitlines() if line.startswith("RESULTS ")]
-    assert proc.returncode == 0 and lines, proc.stderr[-4000:]
-    return json.loads(lines[-1].removeprefix("RESULTS "))
+    return triton_interpreter.measurements(__file__, rbf_triton.INTERPRET, interpreter_measurements)
 
 
 @pytest.mark.parametrize("case_id", list(CASES))
@@ -229,4 +220,4 @@ def test_input_validation() -> None:
 
 
 if __name__ == "__main__":
-    print("RESULTS " + json.dumps(interpreter_measurements()))
+    triton_interpreter.report(interpreter_measurements)

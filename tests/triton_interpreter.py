@@ -1,0 +1,32 @@
+"""Measurements of our Triton kernels under the Triton interpreter, for the CPU tests of every kernel file.
+
+TRITON_INTERPRET=1 only works if it is set before triton is first imported. A test file therefore measures
+its cases in this process when the interpreter is already on, and otherwise runs itself as a script in a child
+process with the variable set; the script prints its measurements as one `RESULTS <json>` line (see `report`).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from collections.abc import Callable
+
+PREFIX = "RESULTS "
+
+
+def measurements(test_file: str, interpreting: bool, measure: Callable[[], dict]) -> dict:
+    """measure() here when the interpreter is on, else the dict the child `python test_file` reports."""
+    if interpreting:
+        return measure()
+    env = {**os.environ, "TRITON_INTERPRET": "1"}
+    proc = subprocess.run([sys.executable, test_file], env=env, capture_output=True, text=True, timeout=600)
+    lines = [line for line in proc.stdout.splitlines() if line.startswith(PREFIX)]
+    assert proc.returncode == 0 and lines, proc.stderr[-4000:]
+    return json.loads(lines[-1].removeprefix(PREFIX))
+
+
+def report(measure: Callable[[], dict]) -> None:
+    """The child's side: print measure()'s dict as the RESULTS line."""
+    print(PREFIX + json.dumps(measure()))
