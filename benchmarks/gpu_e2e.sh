@@ -8,19 +8,10 @@
 #            fused_recurrent and short, the paper's-code configuration [230]
 #   compile  bench_model.py compiled rows: ViT-S, LKAT-S short and chunk [500]
 #   sweep    bench_model.py --sweep: LKAT-S ("auto") vs ViT-S at 224, 512, 1024, 1536, 2048 [500]
-# Carry .whl (see gpu_session.sh) and .gpucache. Autotuning results come back as $OUT/autotune.tar: unpack them
-# into .gpucache/ here (tar -xf autotune.tar -C .gpucache) so that later calls skip the tuning.
+# Carry .whl and .gpucache (see gpu_setup.sh).
 # bench_model.py rewrites its JSON after every row, so a step cut short by its timeout keeps what it measured.
 set -u
-OUT=${OUT:-/tmp/out}
-mkdir -p "$OUT"
-python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl || exit 1
-export PYTHONPATH=/tmp/site PYTHONUNBUFFERED=1
-export TRITON_CACHE_DIR=$PWD/.gpucache/triton TRITON_CACHE_AUTOTUNING=1
-save_autotune() { (cd .gpucache && find triton -name '*.autotune.json' | tar -cf "$OUT/autotune.tar" -T -); }
-trap save_autotune EXIT
-python3 -m pip install -q --no-deps --no-build-isolation --no-index -e . > "$OUT/install.log" 2>&1 || exit 1
-python3 -c "import torch, triton, timm; print(torch.cuda.get_device_name(), torch.__version__, triton.__version__, timm.__version__)"
+source benchmarks/gpu_setup.sh
 
 step() {  # step NAME SECONDS COMMAND...: run under timeout, log to $OUT/NAME.log, print the exit code and the tail
   local name=$1 limit=$2

@@ -2,14 +2,9 @@
 # Kernel checks and figures on the GPU machine: the RBF and fused-KAN CUDA tests, then bench_rbf.py and
 # bench_kan_layer.py, each under `timeout`; logs and JSON under $OUT. About 8 minutes on an H100.
 #   bash benchmarks/gpu_kernels.sh
-# Needs python3 with torch and triton; installs lkat-lens (editable, no dependencies) unless it is importable.
+# Carry .whl and .gpucache (see gpu_setup.sh).
 set -u
-OUT=${OUT:-/tmp/out}
-mkdir -p "$OUT"
-export PYTHONUNBUFFERED=1
-python3 -c "import lkat_lens" 2>/dev/null ||
-  python3 -m pip install -q --no-deps --no-build-isolation --no-index -e . > "$OUT/install.log" 2>&1 || exit 1
-python3 -c "import torch, triton; print(torch.cuda.get_device_name(), torch.__version__, triton.__version__)"
+source benchmarks/gpu_setup.sh
 
 run() {  # run NAME SECONDS COMMAND...: log to $OUT/NAME.log, print the exit status and the last line
   local name=$1 limit=$2

@@ -1,0 +1,17 @@
+# Sourced by the benchmarks/gpu_*.sh scripts at the start of a device call (run from the repository root):
+# installs the carried .whl wheels (fla, einops) under /tmp/site and lkat-lens (editable), points Triton's cache
+# at .gpucache/ and, on exit, leaves the autotuning results in $OUT/autotune.tar.
+# Here first:  python3 -m pip download --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
+#   --platform manylinux_2_28_x86_64 --platform manylinux2014_x86_64 -d .whl \
+#   fla-core==0.6.0 flash-linear-attention==0.6.0 einops==0.8.2
+# and carry .whl and .gpucache. After a call, `tar -xf autotune.tar -C .gpucache` here, and the next call skips
+# the tuning (fla autotunes every new shape on first use, about a minute each).
+OUT=${OUT:-/tmp/out}
+mkdir -p "$OUT"
+python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl || exit 1
+export PYTHONPATH=/tmp/site PYTHONUNBUFFERED=1
+export TRITON_CACHE_DIR=$PWD/.gpucache/triton TRITON_CACHE_AUTOTUNING=1
+save_autotune() { (cd "$TRITON_CACHE_DIR/.." 2>/dev/null && find triton -name '*.autotune.json' | tar -cf "$OUT/autotune.tar" -T -); }
+trap save_autotune EXIT
+python3 -m pip install -q --no-deps --no-build-isolation --no-index -e . > "$OUT/install.log" 2>&1 || exit 1
+python3 -c "import torch, triton, timm; print(torch.cuda.get_device_name(), torch.__version__, triton.__version__, timm.__version__)"
