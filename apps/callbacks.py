@@ -3,18 +3,34 @@
 from __future__ import annotations
 
 import dash
-from dash import Input, Output, html
+from dash import Input, Output, State, ctx, html
 from lkat_lens.apps import selection
-from lkat_lens.apps.state import CheckpointState, ExplorerState
+from lkat_lens.apps.state import BadUpload, CheckpointState, ExplorerState, top_k
 from lkat_lens.apps.views import VIEWS
+from lkat_lens.apps.views.attributions import decode_upload
 from lkat_lens.apps.views.common import patch_or_centre
 
 
 def predictions_view(ckpt: CheckpointState, image: int) -> list:
     """The top-k predictions of the current image, with its label."""
     name = ckpt.class_name(int(ckpt.sample.labels[image]))
-    items = [html.Li(f"{cls}: {prob:.3f}") for cls, prob in ckpt.predictions(image)]
-    return [html.Strong(f"image {image} (label {name}) top-{len(items)} predictions"), html.Ol(items, id="topk")]
+    return topk_list(f"image {image} (label {name})", ckpt.predictions(image))
+
+
+def upload_predictions_view(ckpt: CheckpointState, contents: str, filename: str | None) -> list:
+    """The top-k predictions of an uploaded image (unreadable uploads: the attribution view says why)."""
+    name = filename or "the upload"
+    try:
+        images = ckpt.upload(decode_upload(contents), name).tensor.unsqueeze(0)
+    except BadUpload:
+        return [html.Strong(f"{name}: no predictions (not a usable image)")]
+    return topk_list(f"uploaded {name}", top_k(ckpt.model, images, 5, ckpt.class_names))
+
+
+def topk_list(subject: str, classes: list[tuple[str, float]]) -> list:
+    """A heading and the ranked class probabilities."""
+    items = [html.Li(f"{cls}: {prob:.3f}") for cls, prob in classes]
+    return [html.Strong(f"{subject} top-{len(items)} predictions"), html.Ol(items, id="topk")]
 
 
 def patch_text(ckpt: CheckpointState, patch: int | None) -> str:
@@ -28,9 +44,17 @@ def register(app: dash.Dash, state: ExplorerState) -> None:
     """Attach every callback of the explorer to app."""
     selection.register(app, state)
 
-    @app.callback(Output("predictions", "children"), Input("checkpoint", "value"), Input("image", "value"))
-    def predictions(index: int, image: int) -> list:
-        """Top-k predictions for the current image."""
+    @app.callback(
+        Output("predictions", "children"),
+        Input("checkpoint", "value"),
+        Input("image", "value"),
+        Input("upload", "contents"),
+        State("upload", "filename"),
+    )
+    def predictions(index: int, image: int, contents: str | None, filename: str | None) -> list:
+        """Top-k predictions for the current image: the uploaded one until a dataset image is picked again."""
+        if contents and ctx.triggered_id != "image":
+            return upload_predictions_view(state[index], contents, filename)
         return predictions_view(state[index], image)
 
     @app.callback(Output("patch-label", "children"), Input("checkpoint", "value"), Input("patch", "data"))

@@ -412,11 +412,13 @@ def test_upload_png_and_non_image(browser, tmp_path: Path):
     duo.find_element("#upload input[type=file]").send_keys(str(picture))
     duo.wait_for_contains_text("#attribution-figure", "predicted class in bar.png", timeout=30)
     assert "heatmap" in graph_data(duo, "attribution-figure")
+    duo.wait_for_contains_text("#predictions", "uploaded bar.png top-5 predictions", timeout=30)
     assert duo.find_element("#upload-message").text == "bar.png: resized and center-cropped 20x20 to the model's 16x16"
     text = tmp_path / "notes.txt"
     text.write_text("not an image")
     duo.find_element("#upload input[type=file]").send_keys(str(text))
     duo.wait_for_contains_text("#upload-message", "notes.txt is not an image file PIL can read", timeout=30)
+    duo.wait_for_contains_text("#predictions", "notes.txt: no predictions", timeout=30)
     assert_no_console_errors(duo)
 
 
