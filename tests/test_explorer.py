@@ -395,6 +395,11 @@ def test_compare_with_a_baseline(browser):
     graph_data(duo, "fc1-curves")
     open_tab(duo, "Tokens")
     assert "scatter" in graph_data(duo, "compare-token-norms")
+    open_tab(duo, "Attributions")
+    duo.wait_for_contains_text("#compare-attributions", "attribution of the predicted class in image 0", timeout=60)
+    assert "heatmap" in graph_data(duo, "compare-attribution-figure")
+    open_tab(duo, "Probes")
+    assert graph_data(duo, "compare-probe-figure")
     duo.select_dcc_dropdown("#compare", index=0)  # the same run side by side
     open_tab(duo, "Edge functions")
     duo.wait_for_contains_text("#compare-edges", "block 1 fc1", timeout=30)

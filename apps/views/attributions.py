@@ -11,7 +11,7 @@ from lkat_lens.apps.state import MAX_UPLOAD_BYTES, BadUpload, CheckpointState, E
 
 from lkat_lens import figures
 
-from .common import graph, require_tab
+from .common import compare_panel, graph, message_figure, require_tab, side_by_side, static_graph
 
 TAB = "attributions"
 BROWSER_UPLOAD_CAP = 4 * MAX_UPLOAD_BYTES  # dcc.Upload drops larger files in the browser, without a message
@@ -23,46 +23,35 @@ def tab(state: ExplorerState) -> dcc.Tab:
     """The Attributions tab."""
     classes = [{"label": "predicted class", "value": PREDICTED}]
     classes += [{"label": f"{i}: {name}", "value": i} for i, name in enumerate(state[0].class_names)]
-    return dcc.Tab(
-        label="Attributions",
-        value=TAB,
-        children=[
-            html.Div(
-                [
-                    dcc.Dropdown(
-                        id="method",
-                        options=list(METHODS),
-                        value=METHODS[0],
-                        clearable=False,
-                        style={"width": "20em"},
-                    ),
-                    html.Label("class", htmlFor="target"),
-                    dcc.Dropdown(
-                        id="target", options=classes, value=PREDICTED, clearable=False, style={"width": "14em"}
-                    ),
-                ],
-                style={"display": "flex", "alignItems": "center", "gap": "1em"},
+    choices = html.Div(
+        [
+            dcc.Dropdown(
+                id="method", options=list(METHODS), value=METHODS[0], clearable=False, style={"width": "20em"}
             ),
-            dcc.Upload(
-                id="upload",
-                children=html.Div(
-                    [
-                        "Drop an image here or ",
-                        html.A("choose a file"),
-                        f" (PNG/JPEG, at most {MAX_UPLOAD_BYTES // 2**20} MiB)",
-                    ]
-                ),
-                max_size=BROWSER_UPLOAD_CAP,
-                multiple=False,
-                style={"border": "1px dashed #888", "padding": "1em", "margin": "0.5em 0", "textAlign": "center"},
-            ),
-            html.Div(id="upload-message", role="alert", style={"color": "#b00020"}),
-            html.Div(
-                [graph("attribution-figure"), graph("attribution-curves")],
-                style={"display": "flex", "flexWrap": "wrap", "gap": "1em"},
-            ),
+            html.Label("class", htmlFor="target"),
+            dcc.Dropdown(id="target", options=classes, value=PREDICTED, clearable=False, style={"width": "14em"}),
         ],
+        style={"display": "flex", "alignItems": "center", "gap": "1em"},
     )
+    upload = dcc.Upload(
+        id="upload",
+        children=html.Div(
+            ["Drop an image here or ", html.A("choose a file"), f" (PNG/JPEG, at most {MAX_UPLOAD_BYTES // 2**20} MiB)"]
+        ),
+        max_size=BROWSER_UPLOAD_CAP,
+        multiple=False,
+        style={"border": "1px dashed #888", "padding": "1em", "margin": "0.5em 0", "textAlign": "center"},
+    )
+    main = [
+        choices,
+        upload,
+        html.Div(id="upload-message", role="alert", style={"color": "#b00020"}),
+        html.Div(
+            [graph("attribution-figure"), graph("attribution-curves")],
+            style={"display": "flex", "flexWrap": "wrap", "gap": "1em"},
+        ),
+    ]
+    return dcc.Tab(label="Attributions", value=TAB, children=side_by_side(main, "compare-attributions"))
 
 
 def decode_upload(contents: str) -> bytes:
@@ -130,3 +119,26 @@ def register(app: dash.Dash, state: ExplorerState) -> None:
             except BadUpload as err:
                 return dash.no_update, dash.no_update, str(err)
         return *dataset_figures(ckpt, image, method, target), ""
+
+    @app.callback(
+        Output("compare-attributions", "children"),
+        Input("tabs", "value"),
+        Input("compare", "value"),
+        Input("image", "value"),
+        Input("method", "value"),
+        Input("target", "value"),
+    )
+    def compare(tab_value, index, image, method, target):
+        """The same sample image's attribution in the compared checkpoint."""
+        require_tab(tab_value, TAB)
+
+        def panels(ckpt: CheckpointState) -> list:
+            if image >= len(ckpt.sample.labels):
+                return [static_graph("compare-attribution-figure", message_figure(f"no image {image} in its sample"))]
+            overlay, curves = dataset_figures(ckpt, image, method, class_of(target))
+            return [
+                static_graph("compare-attribution-figure", overlay),
+                static_graph("compare-attribution-curves", curves),
+            ]
+
+        return compare_panel(state, index, panels)

@@ -9,7 +9,7 @@ from lkat_lens.apps.state import ExplorerState
 
 from lkat_lens import figures
 
-from .common import graph, require_tab
+from .common import compare_panel, graph, require_tab, side_by_side, static_graph
 
 TAB = "probes"
 
@@ -20,7 +20,9 @@ def tab(state: ExplorerState) -> dcc.Tab:
         f"Logistic-regression probes on the class token and the mean patch token, fitted on "
         f"{state[0].probe_images} training images and scored on the explorer's sample; the line marks the block."
     )
-    return dcc.Tab(label="Probes", value=TAB, children=[html.P(note), graph("probe-figure")])
+    return dcc.Tab(
+        label="Probes", value=TAB, children=side_by_side([html.P(note), graph("probe-figure")], "compare-probes")
+    )
 
 
 def register(app: dash.Dash, state: ExplorerState) -> None:
@@ -33,3 +35,16 @@ def register(app: dash.Dash, state: ExplorerState) -> None:
         """Probe accuracy per depth, the current block's output marked."""
         require_tab(tab_value, TAB)
         return figures.probe_figure(state[index].probes(), depth=block + 1)
+
+    @app.callback(
+        Output("compare-probes", "children"), Input("tabs", "value"), Input("compare", "value"), Input("block", "value")
+    )
+    def compare(tab_value: str, index: int | None, block: int) -> list:
+        """The compared checkpoint's probe accuracy per depth (fitted when first shown)."""
+        require_tab(tab_value, TAB)
+
+        def panels(ckpt) -> list:
+            depth = min(block, ckpt.num_blocks - 1) + 1
+            return [static_graph("compare-probe-figure", figures.probe_figure(ckpt.probes(), depth=depth))]
+
+        return compare_panel(state, index, panels)
