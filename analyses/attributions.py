@@ -17,12 +17,14 @@ import math
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
-from captum.attr import GradientShap, InputXGradient, IntegratedGradients, NoiseTunnel, Occlusion, Saliency
 from torch import nn
 from torchvision.transforms.functional import gaussian_blur
+
+if TYPE_CHECKING:
+    from types import ModuleType
 
 METHODS = ("integrated_gradients", "saliency", "input_x_gradient", "gradient_shap", "occlusion", "smoothgrad")
 REDUCTIONS = ("sum", "abs_sum")
@@ -164,6 +166,13 @@ def patch_map(pixels: torch.Tensor, patch_size: int | tuple[int, int]) -> torch.
     return pixels.reshape(b, h // ph, ph, w // pw, pw).sum((2, 4))
 
 
+def _captum() -> ModuleType:
+    """captum.attr, imported on first use (it takes about half a second to import)."""
+    import captum.attr
+
+    return captum.attr
+
+
 def _per_pass(images: torch.Tensor) -> int:
     """How many copies of the batch fit in one pass of IMAGES_PER_PASS images (at least one)."""
     return max(1, IMAGES_PER_PASS // images.shape[0])
@@ -171,29 +180,33 @@ def _per_pass(images: torch.Tensor) -> int:
 
 def _integrated_gradients(model, images, target, baselines, kwargs):
     kwargs = {"internal_batch_size": _per_pass(images) * images.shape[0], **kwargs}
-    return IntegratedGradients(model).attribute(
-        images, baselines=baselines, target=target, return_convergence_delta=True, **kwargs
+    return (
+        _captum()
+        .IntegratedGradients(model)
+        .attribute(images, baselines=baselines, target=target, return_convergence_delta=True, **kwargs)
     )
 
 
 def _gradient_shap(model, images, target, baselines, kwargs):
-    return GradientShap(model).attribute(
-        images, baselines=baselines, target=target, return_convergence_delta=True, **kwargs
+    return (
+        _captum()
+        .GradientShap(model)
+        .attribute(images, baselines=baselines, target=target, return_convergence_delta=True, **kwargs)
     )
 
 
 def _saliency(model, images, target, baselines, kwargs):
-    return Saliency(model).attribute(images.requires_grad_(), target=target, **kwargs), None
+    return _captum().Saliency(model).attribute(images.requires_grad_(), target=target, **kwargs), None
 
 
 def _input_x_gradient(model, images, target, baselines, kwargs):
-    return InputXGradient(model).attribute(images.requires_grad_(), target=target, **kwargs), None
+    return _captum().InputXGradient(model).attribute(images.requires_grad_(), target=target, **kwargs), None
 
 
 def _occlusion(model, images, target, baselines, kwargs, patch_size):
     window = (images.shape[1], *patch_size)
     kwargs = {"sliding_window_shapes": window, "strides": window, "perturbations_per_eval": _per_pass(images), **kwargs}
-    return Occlusion(model).attribute(images, baselines=baselines, target=target, **kwargs), None
+    return _captum().Occlusion(model).attribute(images, baselines=baselines, target=target, **kwargs), None
 
 
 def _smoothgrad(model, images, target, baselines, kwargs):
@@ -203,12 +216,13 @@ def _smoothgrad(model, images, target, baselines, kwargs):
         raise ValueError(f"smooth_over must be 'saliency' or 'integrated_gradients', got {over!r}")
     kwargs.setdefault("nt_samples", 16)
     kwargs.setdefault("stdevs", SMOOTHGRAD_NOISE * (images.max() - images.min()).item())
+    attr = _captum()
     if over == "integrated_gradients":  # one noisy batch at a time, its IG path split into passes
-        tunnel = NoiseTunnel(IntegratedGradients(model))
+        tunnel = attr.NoiseTunnel(attr.IntegratedGradients(model))
         kwargs = {"nt_samples_batch_size": 1, "internal_batch_size": _per_pass(images) * images.shape[0]} | kwargs
         kwargs["baselines"] = baselines
     else:
-        tunnel = NoiseTunnel(Saliency(model))
+        tunnel = attr.NoiseTunnel(attr.Saliency(model))
         kwargs.setdefault("nt_samples_batch_size", _per_pass(images))
     return tunnel.attribute(images, nt_type="smoothgrad", target=target, **kwargs), None
 

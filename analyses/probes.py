@@ -11,16 +11,16 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
-from sklearn.linear_model import LogisticRegression
-from sklearn.pipeline import Pipeline, make_pipeline
-from sklearn.preprocessing import StandardScaler
 from torch import nn
 
 from .attributions import eval_mode
+
+if TYPE_CHECKING:
+    from sklearn.pipeline import Pipeline
 
 FEATURE_KINDS = ("cls", "mean_patch")
 
@@ -91,7 +91,11 @@ def collect_features(model: nn.Module, images: torch.Tensor, batch_size: int = 6
 
 
 def make_probe(max_iter: int = 1000, C: float = 1.0, seed: int = 0) -> Pipeline:
-    """A standardiser followed by a multinomial logistic regression."""
+    """A standardiser followed by a multinomial logistic regression (scikit-learn is imported here: it is slow)."""
+    from sklearn.linear_model import LogisticRegression
+    from sklearn.pipeline import make_pipeline
+    from sklearn.preprocessing import StandardScaler
+
     return make_pipeline(StandardScaler(), LogisticRegression(C=C, max_iter=max_iter, random_state=seed))
 
 
