@@ -89,6 +89,10 @@ def read_checkpoint(path: str | os.PathLike) -> dict[str, Any]:
     path = Path(path)
     if not path.is_file():
         raise CheckpointError(f"no checkpoint file at {path}")
+    if not zipfile.is_zipfile(path):
+        raise CheckpointError(
+            _unreadable(path, "not a zip archive (torch.save has written zip archives since torch 1.6)")
+        )
     try:
         obj = torch.load(path, map_location="cpu", weights_only=True)
     except pickle.UnpicklingError as err:
@@ -99,8 +103,8 @@ def read_checkpoint(path: str | os.PathLike) -> dict[str, Any]:
             f"refusing to load {path}: it holds Python objects other than tensors and plain containers "
             f"({detail}); only weights-only checkpoints are loaded, since such a file may run code when unpickled"
         ) from None
-    except (RuntimeError, EOFError, zipfile.BadZipFile, OSError, ValueError, KeyError) as err:
-        raise CheckpointError(_unreadable(path, err)) from None
+    except Exception as err:  # a damaged archive can fail anywhere inside torch's reader
+        raise CheckpointError(_unreadable(path, f"{type(err).__name__}: {err}".splitlines()[0])) from None
     if not isinstance(obj, dict):
         raise CheckpointError(f"{path} holds a {type(obj).__name__}, not a checkpoint dict")
     return obj

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import random
 import subprocess
 import sys
 import zipfile
@@ -83,6 +84,15 @@ def _random_bytes(path: Path, sd: dict) -> None:
     path.write_bytes(os.urandom(10_000))
 
 
+def _legacy_format(path: Path, sd: dict) -> None:
+    """torch's pre-1.6 raw-pickle format, which the weights-only reader does not take."""
+    torch.save(
+        {"format": FORMAT, "model": {"name": "lkat_micro"}, "state_dict": sd},
+        path,
+        _use_new_zipfile_serialization=False,
+    )
+
+
 def _truncated(path: Path, sd: dict) -> None:
     save_checkpoint(path, model_name="lkat_micro", model_kwargs={"num_classes": 10}, state_dict=sd)
     path.write_bytes(path.read_bytes()[:1000])
@@ -127,6 +137,7 @@ def _future_format(path: Path, sd: dict) -> None:
 BROKEN = {
     "zip-not-checkpoint": (_zip_not_checkpoint, "not a readable torch checkpoint"),
     "random-bytes": (_random_bytes, "not a readable torch checkpoint"),
+    "legacy-format": (_legacy_format, "not a zip archive"),
     "truncated": (_truncated, "truncated or corrupt"),
     "other-architecture": (_other_architecture, "missing keys"),
     "missing-keys": (_missing_keys, "missing keys (e.g. blocks.3."),
@@ -158,3 +169,33 @@ def test_cli_exits_2_with_one_line(tmp_path, micro_sd, capsys, case, command):
     out, err = capsys.readouterr()
     assert out == "" and err.count("\n") == 1 and err.startswith("lkat-lens: error:") and match in err
     assert sorted(p.name for p in tmp_path.iterdir()) == ["ckpt.pt"]
+
+
+def _damaged_copies(good: bytes, rng: random.Random, count: int):
+    """Seeded damage to a real checkpoint: random bytes, random truncations and flipped bytes."""
+    for i in range(count):
+        kind = i % 3
+        if kind == 0:
+            yield rng.randbytes(rng.randrange(1, 20_000))
+        elif kind == 1:
+            yield good[: rng.randrange(1, len(good))]
+        else:
+            data = bytearray(good)
+            for _ in range(rng.randrange(1, 8)):
+                data[rng.randrange(len(data))] ^= 1 << rng.randrange(8)
+            yield bytes(data)
+
+
+def test_damaged_checkpoints_never_escape_as_other_errors(tmp_path, micro_sd):
+    """Fuzz: each damaged file either still loads or raises one single-line CheckpointError."""
+    path = tmp_path / "ckpt.pt"
+    save_checkpoint(path, model_name="lkat_micro", model_kwargs={"num_classes": 10}, state_dict=micro_sd)
+    good, refused = path.read_bytes(), 0
+    for data in _damaged_copies(good, random.Random(0), 300):
+        path.write_bytes(data)
+        try:
+            lkat_lens.load(path)
+        except CheckpointError as err:
+            refused += 1
+            assert "\n" not in str(err)
+    assert refused >= 200  # every random and truncated file, at least
