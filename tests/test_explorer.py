@@ -5,6 +5,7 @@ import base64
 import io
 import shutil
 import time
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -71,6 +72,21 @@ def test_selection_from_and_to_the_url():
     assert selection.parse_query(chosen.query(), LIMITS) == chosen
     assert Selection(1).query() == "?block=1&image=0&head=0"
     assert selection.step_block(0, -1, 4) == 3 and selection.step_block(3, 1, 4) == 0
+
+
+def test_url_names_checkpoints_tab_layer_and_edge():
+    limits = Limits(blocks=4, images=12, heads=2, patches=16, checkpoints=2)
+    view = Selection(1, checkpoint=1, compare=0, tab="edges", layer="fc2", edge=(3, 17))
+    assert view.query() == "?block=1&image=0&head=0&checkpoint=1&compare=0&tab=edges&layer=fc2&edge=3.17"
+    assert selection.parse_query(view.query(), limits) == view
+    assert view.edge_data() == {"block": 1, "layer": "fc2", "q": 3, "p": 17}
+    for bad in ("?checkpoint=2&compare=2", "?tab=bogus&layer=fc3", "?edge=3", "?edge=a.b", "?edge=-1.2"):
+        assert selection.parse_query(bad, limits) == Selection()
+    assert selection.parse_query("?compare=1", LIMITS) == Selection()  # one checkpoint: nothing to compare
+    # an edge is kept while checkpoint, block and layer stay, and dropped when one of them moves
+    assert selection.keep_edge(replace(view, edge=None, image=5), view) == replace(view, image=5)
+    for moved in (dict(block=2), dict(layer="fc1"), dict(checkpoint=0)):
+        assert selection.keep_edge(replace(view, **moved), view).edge is None
 
 
 def test_clicks_move_the_selection():
@@ -381,6 +397,31 @@ def test_clicks_select_edge_head_and_patch(browser, app):
     duo.wait_for_contains_text("#patch-label", f"patch {patch} (row", timeout=30)
     open_tab(duo, "Tokens")
     duo.wait_for_contains_text("#token-norms", f"patch {patch}", timeout=30)
+    assert_no_console_errors(duo)
+
+
+@needs_browser
+def test_link_reopens_tab_layer_edge_and_compare(browser, app):
+    duo = browser
+    open_page(duo, "?block=1")
+    open_tab(duo, "Edge functions")
+    wait_for_url(duo, "tab=edges")
+    duo.find_element("#edge-layer input[value='fc2']").click()
+    wait_for_url(duo, "layer=fc2")
+    duo.wait_for_contains_text("#edge-importance", "block 1 fc2", timeout=30)
+    q, p = edges.clicked_edge(app.explorer_state[0], 1, "fc2", click_plot(duo, "edge-importance"))
+    wait_for_url(duo, f"edge={q}.{p}")
+    assert (q, p) != edges.chosen_edge(app.explorer_state[0], 1, "fc2", None)  # not what the view shows unasked
+    duo.select_dcc_dropdown("#compare", index=1)
+    link = wait_for_url(duo, "compare=1")
+    duo.driver.get("about:blank")
+    open_page(duo, "?" + link.split("?", 1)[1])  # the link alone reopens the view
+    duo.wait_for_contains_text("#edge-detail", f"block 1 fc2 φ[{q},{p}] ≈", timeout=30)
+    duo.wait_for_contains_text("#compare-edges", "not applicable", timeout=30)
+    duo.find_element("#next-block").click()  # another block: its most important edge, and no edge in the link
+    duo.wait_for_contains_text("#edge-detail", "block 2 fc2 φ[", timeout=30)
+    WebDriverWait(duo.driver, 30).until(lambda driver: "block=2" in driver.current_url)
+    assert "edge=" not in duo.driver.current_url and "layer=fc2" in duo.driver.current_url
     assert_no_console_errors(duo)
 
 

@@ -6,7 +6,7 @@ from typing import Any
 
 import dash
 import plotly.graph_objects as go
-from dash import Input, Output, State, dcc, html
+from dash import Input, Output, dcc, html
 from lkat_lens.apps.state import CheckpointState, ExplorerState
 
 from lkat_lens import figures
@@ -24,7 +24,7 @@ def tab(state: ExplorerState) -> dcc.Tab:
         graph("fc2-curves"),
         graph("edge-coverage"),
         dcc.RadioItems(id="edge-layer", options=list(LAYERS), value=LAYERS[0], inline=True),
-        html.P("Click a cell of the heatmap to see that edge's curve and symbolic fit."),
+        html.P("Click a cell of the heatmap to see that edge's curve and symbolic fit (the link keeps it)."),
         dcc.Store(id="edge"),
         graph("edge-importance"),
         graph("edge-detail"),
@@ -93,10 +93,13 @@ def clicked_edge(ckpt: CheckpointState, block: int, layer: str, point: dict[str,
 
 
 def chosen_edge(ckpt: CheckpointState, block: int, layer: str, edge: dict[str, Any] | None) -> tuple[int, int]:
-    """The clicked edge when it belongs to this block and layer, else the layer's most important edge."""
+    """The selected edge when it belongs to this block and layer and exists there, else the most important one."""
+    importance = ckpt.edge_importance(block, layer)
     if edge and edge.get("block") == block and edge.get("layer") == layer:
-        return int(edge["q"]), int(edge["p"])
-    q, p, _ = ckpt.edge_importance(block, layer).top_edges(1)[0]
+        q, p = int(edge["q"]), int(edge["p"])
+        if q < importance.edge_std.shape[0] and p < importance.edge_std.shape[1]:
+            return q, p
+    q, p, _ = importance.top_edges(1)[0]
     return q, p
 
 
@@ -140,20 +143,6 @@ def register(app: dash.Dash, state: ExplorerState) -> None:
         """Importance heatmap of the block's chosen layer."""
         require_tab(tab_value, TAB)
         return importance(state[index], block, layer)
-
-    @app.callback(
-        Output("edge", "data"),
-        Input("edge-importance", "clickData"),
-        State("checkpoint", "value"),
-        State("block", "value"),
-        State("edge-layer", "value"),
-    )
-    def pick(click: dict[str, Any] | None, index: int, block: int, layer: str) -> dict[str, Any] | None:
-        """The edge under a heatmap click (a tile names its strongest edge)."""
-        if not click:
-            return None
-        q, p = clicked_edge(state[index], block, layer, click["points"][0])
-        return {"block": block, "layer": layer, "q": q, "p": p}
 
     @app.callback(
         Output("edge-detail", "figure"),
