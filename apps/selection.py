@@ -171,18 +171,23 @@ def register(app: dash.Dash, state: ExplorerState) -> None:
         if trigger in (None, "url"):
             current = before
         else:
-            current = Selection(int(block or 0), int(image or 0), int(head or 0), patch, int(index or 0), compare)
-            current = keep_edge(replace(current, tab=tab or TABS[0], layer=layer or LAYERS[0]), before)
+            current = Selection(
+                int(block or 0), int(image or 0), int(head or 0), patch, int(index or 0), compare,
+                tab=tab or TABS[0], layer=layer or LAYERS[0],
+            )  # fmt: skip
             ckpt = state[current.checkpoint]
             if trigger in ("prev-block", "next-block"):
                 step = -1 if trigger == "prev-block" else 1
-                current = keep_edge(replace(current, block=step_block(current.block, step, limits.blocks)), before)
-            elif trigger == EDGE_GRAPH and edge_click:
-                edge = clicked_edge(ckpt, current.block, current.layer, edge_click["points"][0])
-                current = replace(current, edge=edge)
+                current = replace(current, block=step_block(current.block, step, limits.blocks))
             elif trigger in graphs and clicks[graphs.index(trigger)]:
                 click = clicks[graphs.index(trigger)]
-                current = keep_edge(apply_click(current, trigger, click, ckpt.patch_size(), ckpt.grid_size), before)
+                current = apply_click(current, trigger, click, ckpt.patch_size(), ckpt.grid_size)
+            if trigger == EDGE_GRAPH and edge_click:
+                current = replace(
+                    current, edge=clicked_edge(ckpt, current.block, current.layer, edge_click["points"][0])
+                )
+            else:
+                current = keep_edge(current, before)
         return (
             current.block,
             current.image,
