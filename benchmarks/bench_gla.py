@@ -18,6 +18,7 @@ import torch
 import torch.nn.functional as F
 from bench_model import RESULTS, time_ms  # benchmarks/ is the script folder
 from common import environment
+
 from lkat_lens.kernels.gla import gated_linear_attention, gla_recurrent
 
 GLA_MODES = ("chunk", "fused_recurrent", "short")

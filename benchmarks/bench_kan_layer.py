@@ -21,9 +21,10 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 from common import environment  # benchmarks/ is the script folder
+from triton.testing import do_bench
+
 from lkat_lens.kernels import kan_dispatch
 from lkat_lens.kernels.kan_linear import edge_kan_linear, kan_linear
-from triton.testing import do_bench
 
 RESULTS = Path(__file__).parent / "results"
 GRID = (-2.0, 2.0)

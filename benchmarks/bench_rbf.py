@@ -20,10 +20,11 @@ from pathlib import Path
 
 import torch
 from common import environment  # benchmarks/ is the script folder
-from lkat_lens.kernels import rbf_triton
-from lkat_lens.kernels.rbf import rbf_grid_linear, rbf_grid_linear_reference
 from paper_rbf_kernel import paper_rbf_grid_linear
 from triton.testing import do_bench
+
+from lkat_lens.kernels import rbf_triton
+from lkat_lens.kernels.rbf import rbf_grid_linear, rbf_grid_linear_reference
 
 RESULTS = Path(__file__).parent / "results"
 DTYPES = {"bf16": torch.bfloat16, "fp32": torch.float32}

@@ -16,11 +16,12 @@ import threading
 import time
 from pathlib import Path
 
-from lkat_lens.apps.explorer import create_app
 from selenium import webdriver
 from selenium.webdriver.chrome.service import Service
 from selenium.webdriver.support.ui import WebDriverWait
 from werkzeug.serving import make_server
+
+from lkat_lens.apps.explorer import create_app
 
 SHOTS = {  # file -> (tab label, graphs that must have drawn)
     "explorer_edges.png": ("Edge functions", ["fc1-curves", "edge-coverage", "edge-importance", "edge-detail"]),

@@ -179,7 +179,7 @@ def build_and_load(
     model_name: str, model_kwargs: dict[str, Any], state_dict: dict[str, torch.Tensor], *, strict: bool = True
 ) -> nn.Module:
     """Build `model_name(**model_kwargs)` and load `state_dict`; any mismatch raises one CheckpointError."""
-    from lkat_lens.models import create_model
+    from .models import create_model
 
     kwargs = dict(model_kwargs)
     try:

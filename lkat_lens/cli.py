@@ -9,14 +9,14 @@ from collections.abc import Callable, Sequence
 
 import torch
 
-from lkat_lens.checkpoint import CheckpointError
+from .checkpoint import CheckpointError
 
 UserError = (CheckpointError, FileNotFoundError, ValueError)
 
 
 def cmd_info(args: argparse.Namespace) -> None:
     """Print a checkpoint's model card as JSON."""
-    from lkat_lens.checkpoint import load
+    from .checkpoint import load
 
     model, info = load(args.checkpoint, variant=args.variant)
     last = info.metrics[-1] if info.metrics else {}
@@ -33,8 +33,8 @@ def cmd_info(args: argparse.Namespace) -> None:
 
 def cmd_analyze(args: argparse.Namespace) -> None:
     """Run every analysis on a sample of the checkpoint's data and write a JSON report."""
-    from lkat_lens.checkpoint import load
-    from lkat_lens.report import analyze, load_sample, write_report
+    from .checkpoint import load
+    from .report import analyze, load_sample, write_report
 
     torch.manual_seed(args.seed)
     model, info = load(args.checkpoint, variant=args.variant)
@@ -68,13 +68,13 @@ def build_parser() -> argparse.ArgumentParser:
     analyze.add_argument("--out", default="report.json")
     analyze.set_defaults(func=cmd_analyze)
 
-    from lkat_lens import figures_cli
+    from . import figures_cli
 
     figs = sub.add_parser("figures", help="write edge-function grids, gate, norm, attention and attribution figures")
     figures_cli.add_arguments(figs)
     figs.set_defaults(func=figures_cli.cmd_figures)
 
-    from lkat_lens import explore_cli
+    from . import explore_cli
 
     explore = sub.add_parser("explore", help="serve the interactive explorer of one or more checkpoints")
     explore_cli.add_arguments(explore)

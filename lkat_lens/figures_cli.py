@@ -21,10 +21,11 @@ import torch
 from torch import nn
 from tqdm.auto import tqdm
 
-from lkat_lens import figures
-from lkat_lens.analyses import attention, attributions, edge_functions, gates, tokens
 from lkat_lens.analyses.edge_functions import EdgeCurves, LayerStatistics
-from lkat_lens.report import Sample, load_sample
+
+from . import figures
+from .analyses import attention, attributions, edge_functions, gates, tokens
+from .report import Sample, load_sample
 
 FORMATS = ("png", "svg", "pdf", "html")
 STATIC_FORMATS = ("png", "svg", "pdf")
@@ -228,7 +229,7 @@ def make_figures(
     progress: bool = True,
 ) -> list[Path]:
     """Load a checkpoint, analyse a seeded sample of its data, and write every figure plus index.html."""
-    from lkat_lens.checkpoint import load
+    from .checkpoint import load
 
     if fmt not in FORMATS:
         raise ValueError(f"--format must be one of {FORMATS}, got {fmt!r}")

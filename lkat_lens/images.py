@@ -17,7 +17,7 @@ import numpy as np
 import torch
 from PIL import Image, UnidentifiedImageError
 
-from lkat_lens.data import DataError, eval_transform_for
+from .data import DataError, eval_transform_for
 
 MAX_IMAGE_PIXELS = 50_000_000  # larger pictures are refused before they are decoded (decompression bombs)
 SIXTEEN_BIT_MODES = ("I;16", "I;16L", "I;16B", "I;16N", "I")

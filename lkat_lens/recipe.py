@@ -16,7 +16,7 @@ from timm.scheduler.scheduler import Scheduler
 from torch import nn
 from torchvision import transforms
 
-from lkat_lens import data as lkdata
+from . import data as lkdata
 
 
 class RecipeError(ValueError):

@@ -13,10 +13,11 @@ import torch
 from torch import nn
 from tqdm.auto import tqdm
 
-from lkat_lens.analyses import attention, attributions, edge_functions, gates, probes, tokens
 from lkat_lens.analyses.serialize import json_ready
-from lkat_lens.checkpoint import CheckpointInfo
-from lkat_lens.data import build_dataset, eval_transform_for
+
+from .analyses import attention, attributions, edge_functions, gates, probes, tokens
+from .checkpoint import CheckpointInfo
+from .data import build_dataset, eval_transform_for
 
 
 @dataclass

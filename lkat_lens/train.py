@@ -31,10 +31,10 @@ from torch.nn.parallel import DistributedDataParallel
 from torch.utils.data import DataLoader, Dataset, DistributedSampler, Subset
 from tqdm import tqdm
 
-from lkat_lens import data as lkdata
-from lkat_lens import distributed as lkdist
-from lkat_lens import recipe as lkrecipe
-from lkat_lens.checkpoint import (
+from . import data as lkdata
+from . import distributed as lkdist
+from . import recipe as lkrecipe
+from .checkpoint import (
     CheckpointError,
     extract_state_dict,
     infer_model_kwargs,
@@ -42,8 +42,8 @@ from lkat_lens.checkpoint import (
     read_checkpoint,
     save_checkpoint,
 )
-from lkat_lens.models import VARIANTS, create_model
-from lkat_lens.seeding import epoch_seed, rng_state, seed_all, set_rng_state
+from .models import VARIANTS, create_model
+from .seeding import epoch_seed, rng_state, seed_all, set_rng_state
 
 DEFAULT_MODEL = {"digits": "lkat_micro"}  # other datasets: FALLBACK_MODEL
 FALLBACK_MODEL = "lkat_tiny_patch16_224"

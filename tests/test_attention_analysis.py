@@ -8,6 +8,8 @@ import json
 import pytest
 import torch
 import torch.nn.functional as F
+
+import lkat_lens
 from lkat_lens.analyses.attention import (
     attention_gradients,
     attention_matrices,
@@ -17,8 +19,6 @@ from lkat_lens.analyses.attention import (
 )
 from lkat_lens.kernels.gla import gated_linear_attention, implicit_attention
 from lkat_lens.models import RbfKAT
-
-import lkat_lens
 
 B, IMG = 2, 16
 PATTERNS = lambda name: name.endswith("hook_pattern")  # noqa: E731

@@ -4,6 +4,9 @@ import json
 
 import pytest
 import torch
+from torch import nn
+
+import lkat_lens
 from lkat_lens.analyses.attributions import (
     METHODS,
     Attribution,
@@ -15,9 +18,6 @@ from lkat_lens.analyses.attributions import (
     patch_map,
     pixel_map,
 )
-from torch import nn
-
-import lkat_lens
 
 B, C, IMG, PATCH = 2, 3, 16, 4
 GRID = IMG // PATCH

@@ -8,12 +8,13 @@ import pytest
 import timm
 import torch
 import torch.nn.functional as F
-from lkat_lens.models.baselines import HookedTimm, attach_hook_points
-from lkat_lens.models.hooks import HookedModel
-from lkat_lens.models.vit5 import VIT5_VARIANTS, AxialRope2D, ViT5
 from timm.models.mlp_mixer import MlpMixer
 from timm.models.vision_transformer import VisionTransformer
 from torch import nn
+
+from lkat_lens.models.baselines import HookedTimm, attach_hook_points
+from lkat_lens.models.hooks import HookedModel
+from lkat_lens.models.vit5 import VIT5_VARIANTS, AxialRope2D, ViT5
 
 B, IMG, PATCH, D, H, DEPTH, R = 2, 16, 4, 64, 2, 2, 4
 N = (IMG // PATCH) ** 2

@@ -9,6 +9,7 @@ import pytest
 import timm
 import torch
 import torch.nn.functional as F
+
 from lkat_lens.analyses.edge_functions import (
     LayerMoments,
     curve_grid,

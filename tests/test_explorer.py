@@ -10,19 +10,19 @@ from pathlib import Path
 
 import pytest
 import torch
-from lkat_lens.apps import selection
-from lkat_lens.apps.explorer import BROWSER_UPLOAD_CAP, create_app
-from lkat_lens.apps.selection import Limits, Selection
-from lkat_lens.apps.state import MAX_UPLOAD_BYTES, BadUpload, model_card
-from lkat_lens.apps.views import attributions, edges, gates, tokens
-from lkat_lens.models import create_model
 from PIL import Image
 from selenium.webdriver.common.action_chains import ActionChains
 from selenium.webdriver.common.keys import Keys
 from selenium.webdriver.support.ui import WebDriverWait
 
 from lkat_lens import explore_cli, figures
+from lkat_lens.apps import selection
+from lkat_lens.apps.explorer import BROWSER_UPLOAD_CAP, create_app
+from lkat_lens.apps.selection import Limits, Selection
+from lkat_lens.apps.state import MAX_UPLOAD_BYTES, BadUpload, model_card
+from lkat_lens.apps.views import attributions, edges, gates, tokens
 from lkat_lens.checkpoint import load, save_checkpoint
+from lkat_lens.models import create_model
 
 BROWSER = shutil.which("chromium") and shutil.which("chromedriver")
 needs_browser = pytest.mark.skipif(not BROWSER, reason="needs Debian's chromium and chromium-driver on PATH")

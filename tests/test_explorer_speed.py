@@ -5,13 +5,13 @@ import time
 import plotly.io as pio
 import pytest
 import torch
+
 from lkat_lens.apps.explorer import create_app
 from lkat_lens.apps.selection import Selection
 from lkat_lens.apps.views import edges, gates, tokens
-from lkat_lens.models import create_model
-
 from lkat_lens.checkpoint import save_checkpoint
 from lkat_lens.data import NORMALIZATION
+from lkat_lens.models import create_model
 
 SWITCH_BUDGET_S = 0.5
 VARIANT = "lkat_base_patch16_224"

@@ -7,10 +7,10 @@ import shutil
 import numpy as np
 import pytest
 import torch
-from lkat_lens.analyses import attention, attributions, edge_functions, gates, tokens
 from PIL import Image
 
 from lkat_lens import figures, figures_cli
+from lkat_lens.analyses import attention, attributions, edge_functions, gates, tokens
 from lkat_lens.cli import run_user_command
 
 needs_chromium = pytest.mark.skipif(shutil.which("chromium") is None, reason="needs Debian chromium for kaleido export")

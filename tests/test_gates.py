@@ -8,6 +8,7 @@ import math
 import numpy as np
 import pytest
 import torch
+
 from lkat_lens.analyses.gates import gate_statistics, half_life
 from lkat_lens.models import RbfKAT
 

@@ -6,6 +6,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 from fla.ops.gla.naive import naive_recurrent_gla
+
 from lkat_lens.kernels.gla import (
     gated_linear_attention,
     gla_chunked,

@@ -12,6 +12,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 import triton_interpreter
+
 from lkat_lens.kernels import gla_short
 from lkat_lens.kernels.gla import gla_recurrent
 

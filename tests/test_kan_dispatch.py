@@ -6,6 +6,7 @@ import time
 
 import pytest
 import torch
+
 from lkat_lens.kernels import kan_dispatch
 
 

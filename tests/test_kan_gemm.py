@@ -13,6 +13,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 import triton_interpreter
+
 from lkat_lens.kernels import kan_triton
 from lkat_lens.kernels.kan_linear import edge_kan_linear, edge_linear_reference, kan_linear, kan_linear_reference
 from lkat_lens.kernels.rbf import rbf_basis, rbf_grid_linear

@@ -6,9 +6,9 @@ import sys
 import pytest
 import timm
 import torch
-from lkat_lens.models import LKAT, KANLayer, RbfKAT, create_model
 
 import lkat_lens
+from lkat_lens.models import LKAT, KANLayer, RbfKAT, create_model
 
 # Paper table "LKAT variants" (params with a 1000-class head at 224^2).
 PAPER_PARAMS_M = {

@@ -5,6 +5,9 @@ import json
 import numpy as np
 import pytest
 import torch
+from timm.models.mlp_mixer import MlpMixer
+
+import lkat_lens
 from lkat_lens.analyses.probes import (
     collect_features,
     feature_kinds,
@@ -14,9 +17,6 @@ from lkat_lens.analyses.probes import (
     token_features,
 )
 from lkat_lens.models.baselines import attach_hook_points
-from timm.models.mlp_mixer import MlpMixer
-
-import lkat_lens
 
 IMG, PATCH, N_PATCH, D, DEPTH = 16, 4, 16, 64, 4
 

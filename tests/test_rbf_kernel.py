@@ -13,6 +13,7 @@ import itertools
 import pytest
 import torch
 import triton_interpreter
+
 from lkat_lens.kernels import rbf_triton
 from lkat_lens.kernels.rbf import rbf_basis, rbf_grid_linear, rbf_grid_linear_reference
 

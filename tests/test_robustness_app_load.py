@@ -19,6 +19,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
+
 from lkat_lens.apps.explorer import MAX_REQUEST_BYTES
 
 CLIENTS, REQUESTS_PER_CLIENT = 20, 50

@@ -9,13 +9,13 @@ import pytest
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from lkat_lens.kernels.rbf import rbf_grid_linear
-from lkat_lens.models import KAN_BASES, KANLayer
 from PIL import Image
 
 import lkat_lens
 from lkat_lens.data import DataError
 from lkat_lens.images import load_image
+from lkat_lens.kernels.rbf import rbf_grid_linear
+from lkat_lens.models import KAN_BASES, KANLayer
 
 DTYPES = [torch.float64, torch.float32, torch.bfloat16, torch.float16]
 # The largest finite magnitude drawn per dtype (bf16 rounds values near the fp32 maximum up to inf).

@@ -6,9 +6,9 @@ import json
 
 import pytest
 import torch
-from lkat_lens.analyses.tokens import outlier_threshold, residual_names, token_groups, token_norms
 
 import lkat_lens
+from lkat_lens.analyses.tokens import outlier_threshold, residual_names, token_groups, token_norms
 
 B, IMG = 2, 16
 PLANTED = (1, 6)  # image, patch

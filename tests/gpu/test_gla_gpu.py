@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 import torch
 import torch.nn.functional as F
+
 from lkat_lens.kernels.gla import gated_linear_attention, gla_recurrent
 
 pytestmark = [

@@ -5,10 +5,10 @@ from __future__ import annotations
 import pytest
 import torch
 import torch.nn.functional as F
-from lkat_lens.kernels.gla import gated_linear_attention, gla_recurrent
-from lkat_lens.kernels.gla_short import gla_short
 
 import lkat_lens
+from lkat_lens.kernels.gla import gated_linear_attention, gla_recurrent
+from lkat_lens.kernels.gla_short import gla_short
 
 pytestmark = [
     pytest.mark.gpu,

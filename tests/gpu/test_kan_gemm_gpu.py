@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+
 from lkat_lens.kernels import kan_dispatch
 from lkat_lens.kernels.kan_linear import edge_kan_linear, edge_linear_reference, kan_linear, kan_linear_reference
 from lkat_lens.models import KANLayer

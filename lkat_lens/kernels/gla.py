@@ -24,7 +24,8 @@ from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
-from lkat_lens.kernels import gla_short
+
+from . import gla_short
 
 MODES = ("auto", "chunk", "fused_recurrent", "short", "torch")
 AUTO_RECURRENT_MAX_T = 64

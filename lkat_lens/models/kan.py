@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
+from torch import nn
+
 from lkat_lens.kernels.kan_linear import edge_kan_linear, kan_linear
 from lkat_lens.kernels.rbf import rbf_basis
-from torch import nn
 
 from .hooks import HookPoint
 

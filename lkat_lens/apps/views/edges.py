@@ -7,9 +7,9 @@ from typing import Any
 import dash
 import plotly.graph_objects as go
 from dash import Input, Output, dcc, html
-from lkat_lens.apps.state import CheckpointState, ExplorerState
 
 from lkat_lens import figures
+from lkat_lens.apps.state import CheckpointState, ExplorerState
 
 from .common import block_message, compare_panel, graph, message_figure, require_tab, side_by_side, static_graph
 

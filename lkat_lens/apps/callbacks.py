@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import dash
 from dash import Input, Output, State, ctx, html
-from lkat_lens.apps import selection
-from lkat_lens.apps.state import BadUpload, CheckpointState, ExplorerState, top_k
-from lkat_lens.apps.views import VIEWS
+
 from lkat_lens.apps.views.attributions import decode_upload
 from lkat_lens.apps.views.common import patch_or_centre
+
+from . import selection
+from .state import BadUpload, CheckpointState, ExplorerState, top_k
+from .views import VIEWS
 
 
 def predictions_view(ckpt: CheckpointState, image: int) -> list:

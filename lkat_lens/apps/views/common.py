@@ -7,6 +7,7 @@ from collections.abc import Callable
 import plotly.graph_objects as go
 from dash import dcc, html
 from dash.exceptions import PreventUpdate
+
 from lkat_lens.apps.state import CheckpointState, ExplorerState
 
 GRAPH_CONFIG = {"displaylogo": False}

@@ -12,9 +12,11 @@ from urllib.parse import parse_qs, urlencode
 
 import dash
 from dash import Input, Output, State, ctx
-from lkat_lens.apps.state import ExplorerState
-from lkat_lens.apps.views import VIEWS
+
 from lkat_lens.apps.views.edges import LAYERS, clicked_edge
+
+from .state import ExplorerState
+from .views import VIEWS
 
 HEAD_GRAPHS = ("gate-heads", "gate-half-life")  # a click picks a head (gate-heads: and its block)
 PATCH_GRAPHS = ("cls-attention", "patch-attention", "token-outliers", "rollout")  # a click picks a patch

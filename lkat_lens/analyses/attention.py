@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
+
 from lkat_lens.models.hooks import HookedModel, HookPoint
 
 from .tokens import layout_dict

@@ -20,10 +20,12 @@ from typing import Any
 
 import torch
 import torch.nn.functional as F
-from lkat_lens.analyses.serialize import json_ready
-from lkat_lens.analyses.symbolic import SymbolicFitResult, SymbolicFunction, fit_symbolic
-from lkat_lens.models.kan import KAN, KANLayer
 from torch import nn
+
+from lkat_lens.models.kan import KAN, KANLayer
+
+from .serialize import json_ready
+from .symbolic import SymbolicFitResult, SymbolicFunction, fit_symbolic
 
 BASIS_NOTES = {
     "shared": "shared basis: every edge is W[q,p] times one curve sum_g w_g phi_g(x), so all edges have one shape "

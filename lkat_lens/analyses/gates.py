@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
+
 from lkat_lens.models.hooks import HookedModel
 
 from .attention import attention_kinds

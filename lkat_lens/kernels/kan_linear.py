@@ -23,7 +23,7 @@ from .kan_dispatch import choose_path
 from .rbf import TRITON_DTYPES, rbf_basis, rbf_grid_linear, rbf_grid_linear_reference
 
 try:
-    from lkat_lens.kernels import kan_triton
+    from . import kan_triton
 except ImportError:  # pragma: no cover - triton is a declared dependency, absent only on exotic platforms
     kan_triton = None
 

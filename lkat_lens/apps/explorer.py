@@ -7,11 +7,13 @@ from collections.abc import Sequence
 
 import dash
 from dash import dcc, html
-from lkat_lens.apps import callbacks
-from lkat_lens.apps.state import CheckpointState, ExplorerState
-from lkat_lens.apps.views import VIEWS
+
 from lkat_lens.apps.views.attributions import BROWSER_UPLOAD_CAP
 from lkat_lens.apps.views.common import label
+
+from . import callbacks
+from .state import CheckpointState, ExplorerState
+from .views import VIEWS
 
 __all__ = ["BROWSER_UPLOAD_CAP", "MAX_REQUEST_BYTES", "create_app", "layout"]
 

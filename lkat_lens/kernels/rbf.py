@@ -13,7 +13,7 @@ import torch
 from torch.autograd.function import once_differentiable
 
 try:
-    from lkat_lens.kernels import rbf_triton
+    from . import rbf_triton
 except ImportError:  # pragma: no cover - triton is a declared dependency, absent only on exotic platforms
     rbf_triton = None
 

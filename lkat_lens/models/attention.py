@@ -10,9 +10,10 @@ from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
-from lkat_lens.kernels.gla import gated_linear_attention, implicit_attention
 from timm.layers import RmsNorm
 from torch import nn
+
+from lkat_lens.kernels.gla import gated_linear_attention, implicit_attention
 
 from .hooks import HookPoint
 from .rope import Rope2D

@@ -7,9 +7,9 @@ import base64
 import dash
 import plotly.graph_objects as go
 from dash import Input, Output, State, ctx, dcc, html
-from lkat_lens.apps.state import MAX_UPLOAD_BYTES, BadUpload, CheckpointState, ExplorerState, attribute, faithfulness
 
 from lkat_lens import figures
+from lkat_lens.apps.state import MAX_UPLOAD_BYTES, BadUpload, CheckpointState, ExplorerState, attribute, faithfulness
 
 from .common import compare_panel, graph, message_figure, require_tab, side_by_side, static_graph
 

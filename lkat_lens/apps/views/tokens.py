@@ -5,9 +5,9 @@ from __future__ import annotations
 import dash
 import plotly.graph_objects as go
 from dash import Input, Output, dcc, html
-from lkat_lens.apps.state import CheckpointState, ExplorerState
 
 from lkat_lens import figures
+from lkat_lens.apps.state import CheckpointState, ExplorerState
 
 from .common import (
     block_message,

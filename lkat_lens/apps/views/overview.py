@@ -7,9 +7,9 @@ import json
 import dash
 import plotly.graph_objects as go
 from dash import Input, Output, dcc, html
-from lkat_lens.apps.state import CheckpointState, ExplorerState, model_card
 
 from lkat_lens import figures
+from lkat_lens.apps.state import CheckpointState, ExplorerState, model_card
 
 from .common import compare_panel, graph, label, side_by_side, static_graph
 

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
+
 from lkat_lens.models.hooks import HookedModel
 
 OUTLIER_Z = 5.0

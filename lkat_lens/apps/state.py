@@ -11,6 +11,8 @@ from typing import Any, TypeVar
 
 import numpy as np
 import torch
+from torch import nn
+
 from lkat_lens.analyses import attention, attributions, edge_functions, gates, probes, tokens
 from lkat_lens.analyses.attention import AttentionMatrices, ClsAttention, Rollout
 from lkat_lens.analyses.attributions import Attribution, FaithfulnessCurves
@@ -19,8 +21,6 @@ from lkat_lens.analyses.gates import GateStats
 from lkat_lens.analyses.probes import ProbeResults
 from lkat_lens.analyses.symbolic import SymbolicFitResult
 from lkat_lens.analyses.tokens import TokenNorms
-from torch import nn
-
 from lkat_lens.checkpoint import CheckpointInfo, load
 from lkat_lens.data import DataError
 from lkat_lens.figures_cli import display_images, top_edge_curves
