@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from collections.abc import Callable, Sequence
 
@@ -15,34 +14,30 @@ UserError = (CheckpointError, FileNotFoundError, ValueError)
 
 
 def cmd_info(args: argparse.Namespace) -> None:
-    """Print a checkpoint's model card as JSON."""
+    """Print a checkpoint's model card."""
     from .checkpoint import load
+    from .study import format_card, model_card
 
     model, info = load(args.checkpoint, variant=args.variant)
-    last = info.metrics[-1] if info.metrics else {}
-    card = {
-        "model": info.model_name,
-        "kwargs": info.model_kwargs,
-        "parameters": sum(p.numel() for p in model.parameters()),
-        "data": {k: v for k, v in info.data.items() if k != "class_names"},
-        "epoch": info.train.get("epoch"),
-        "last_metrics": last,
-    }
-    print(json.dumps(card, indent=2, default=str))
+    print(format_card(model_card(model, info)))
 
 
 def cmd_analyze(args: argparse.Namespace) -> None:
     """Run every analysis on a sample of the checkpoint's data and write a JSON report."""
-    from .checkpoint import load
-    from .report import analyze, load_sample, write_report
+    from .report import analyze, write_report
+    from .study import Study
 
     torch.manual_seed(args.seed)
-    model, info = load(args.checkpoint, variant=args.variant)
-    if not info.data:
-        raise ValueError(f"{args.checkpoint} records no dataset or normalisation; analyze needs a lkat-lens checkpoint")
-    sample = load_sample(info.data, "val", args.num_images, name=args.data, data_dir=args.data_dir)
-    probe_train = load_sample(info.data, "train", args.probe_images, name=args.data, data_dir=args.data_dir)
-    report = analyze(model, info, sample, probe_train, attribution_images=args.attribution_images)
+    study = Study.open(
+        args.checkpoint,
+        variant=args.variant,
+        data=args.data,
+        data_dir=args.data_dir,
+        num_images=args.num_images,
+        probe_images=args.probe_images,
+        attribution_images=args.attribution_images,
+    )
+    report = analyze(study)
     write_report(report, args.out)
     print(f"wrote {args.out} ({', '.join(k for k in report if k not in ('checkpoint', 'model', 'data', 'sample'))})")
 

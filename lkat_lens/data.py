@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import numpy as np
+import torch
 from PIL import Image
 from timm.data import create_transform
 from timm.data.auto_augment import rand_augment_transform
@@ -186,3 +188,21 @@ def eval_transform_for(info: dict[str, Any]) -> transforms.Compose:
         crop_pct=float(info.get("crop_pct", 0.875)),
         interpolation=str(info.get("interpolation", "bicubic")),
     )
+
+
+@dataclass
+class Sample:
+    """Evaluation-transformed images [N, C, H, W] with their labels [N]."""
+
+    images: torch.Tensor
+    labels: torch.Tensor
+
+
+def load_sample(
+    data: dict[str, Any], split: str, num: int, *, name: str | None = None, data_dir: str | os.PathLike = "data"
+) -> Sample:
+    """The first `num` images of a dataset split (seeded shuffle), transformed as the checkpoint was evaluated."""
+    dataset = build_dataset(name or data["name"], split, data_dir=data_dir, transform=eval_transform_for(data))
+    order = torch.randperm(len(dataset), generator=torch.Generator().manual_seed(0))[:num]
+    images, labels = zip(*(dataset[int(i)] for i in order), strict=True)
+    return Sample(torch.stack(images), torch.as_tensor(labels))

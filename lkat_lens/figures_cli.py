@@ -14,18 +14,15 @@ from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 
-import numpy as np
 import plotly.graph_objects as go
 import plotly.io as pio
 import torch
-from torch import nn
 from tqdm.auto import tqdm
 
-from lkat_lens.analyses.edge_functions import EdgeCurves, LayerStatistics
-
 from . import figures
-from .analyses import attention, attributions, edge_functions, gates, tokens
-from .report import Sample, load_sample
+from .analyses.edge_functions import EdgeCurves
+from .images import display_images
+from .study import Study
 
 FORMATS = ("png", "svg", "pdf", "html")
 STATIC_FORMATS = ("png", "svg", "pdf")
@@ -53,70 +50,51 @@ def parse_blocks(spec: str, num_blocks: int) -> list[int]:
     return chosen
 
 
-def block_layers(model: nn.Module, blocks: Sequence[int]) -> dict[int, dict[str, str]]:
-    """Per block, its KAN layers as short name ("fc1") -> full module name."""
-    names = edge_functions.kan_layers(model)
-    found = {b: {n.rsplit(".", 1)[-1]: n for n in names if n.startswith(f"blocks.{b}.")} for b in blocks}
-    missing = [b for b, layers in found.items() if not layers]
+def check_kan_blocks(study: Study, blocks: Sequence[int]) -> None:
+    """Refuse blocks without KAN layers: edge-function figures need RBF-KAN MLPs."""
+    missing = [b for b in blocks if not study.block_layers(b)]
     if missing:
         raise ValueError(f"blocks {missing} have no KAN layer; edge-function figures need RBF-KAN MLPs")
-    return found
 
 
-def top_edge_curves(layer: nn.Module, stats: LayerStatistics, k: int) -> tuple[EdgeCurves, list[float]]:
-    """Curves of the layer's k most important edges on the default grid, and their importance (std)."""
-    top = edge_functions.edge_importance(layer, stats).top_edges(k)
-    curves = edge_functions.edge_curves(layer, [(q, p) for q, p, _ in top])
-    return curves, [score for _, _, score in top]
-
-
-def edge_figures(
-    model: nn.Module,
-    stats: Mapping[str, LayerStatistics],
-    layers: Mapping[int, Mapping[str, str]],
-    edges: int,
-    progress: bool = True,
-) -> tuple[dict[str, go.Figure], dict[int, dict[str, EdgeCurves]]]:
-    """Per block and KAN layer the edge-function grid (named blockNN_<layer>_curves), and the curves drawn."""
-    modules = edge_functions.kan_layers(model)
+def edge_figures(study: Study, blocks: Sequence[int], bar: tqdm) -> dict[str, go.Figure]:
+    """Per block and KAN layer the edge-function grid (blockNN_<layer>_curves), plus the all-blocks overview."""
     figs: dict[str, go.Figure] = {}
     drawn: dict[int, dict[str, EdgeCurves]] = {}
-    for block, per_block in tqdm(layers.items(), desc="blocks", disable=not progress):
+    for block in blocks:
+        bar.set_description(f"edge functions, block {block}")
         drawn[block] = {}
-        for short, name in per_block.items():
-            curves, scores = top_edge_curves(modules[name], stats[name], edges)
-            title = f"block {block} {short}: top {len(scores)} edge functions by std over real inputs"
-            figs[f"block{block:02d}_{short}_curves"] = figures.edge_curve_figure(
-                curves, stats[name].coverage, scores=scores, title=title
-            )
+        for short in study.block_layers(block):
+            curves, scores, stats = study.edge_curves(block, short)
+            figs[f"block{block:02d}_{short}_curves"] = figures.edge_layer_figure(block, short, curves, stats, scores)
             drawn[block][short] = curves
-    return figs, drawn
+        bar.update()
+    figs["edge_overview"] = figures.edge_overview_figure(
+        {b: {k: _first(c, 8) for k, c in per.items()} for b, per in drawn.items()}
+    )
+    return figs
 
 
-def display_images(images: torch.Tensor, data: Mapping) -> np.ndarray:
-    """Normalised images [B, C, H, W] back to displayable uint8 RGB [B, H, W, 3]."""
-    mean = torch.tensor(data["mean"], dtype=images.dtype).view(1, -1, 1, 1)
-    std = torch.tensor(data["std"], dtype=images.dtype).view(1, -1, 1, 1)
-    pixels = (images * std + mean).clamp(0, 1)
-    if pixels.shape[1] == 1:
-        pixels = pixels.expand(-1, 3, -1, -1)
-    return (pixels[:, :3] * 255).round().to(torch.uint8).permute(0, 2, 3, 1).numpy()
-
-
-def analysis_figures(model: nn.Module, sample: Sample, data: Mapping, num_images: int) -> dict[str, go.Figure]:
+def analysis_figures(study: Study, bar: tqdm) -> dict[str, go.Figure]:
     """Gate half-lives, token norms, class-token attention and attribution overlays on the sample."""
     figs: dict[str, go.Figure] = {}
-    if any(name.endswith("hook_gk") for name in model.list_hooks()):
-        gate_stats = gates.gate_statistics(model, sample.images)
+    if study.has_gates:
+        bar.set_description("forget-gate figures")
+        gate_stats = study.gate_statistics()
         figs["gates_half_life_map"] = figures.gate_half_life_figure(gate_stats)
         figs["gates_half_life_heads"] = figures.gate_head_figure(gate_stats)
-    figs["token_norms"] = figures.token_norm_figure(tokens.token_norms(model, sample.images))
-    few = sample.images[:num_images]
-    shown = display_images(few, data)
-    patch = attributions.model_patch_size(model)
-    figs["cls_attention"] = figures.cls_attention_figure(attention.cls_attention(model, few), shown, patch_size=patch)
-    ig = attributions.attribute(model, few, "integrated_gradients", n_steps=32)
-    figs["attributions"] = figures.attribution_figure(ig, shown)
+    bar.update()
+    bar.set_description("token norms")
+    figs["token_norms"] = figures.token_norm_figure(study.token_norms())
+    bar.update()
+    few = slice(0, study.defaults.attribution_images)
+    shown = display_images(study.images(few), study.info.data)
+    bar.set_description("class-token attention")
+    figs["cls_attention"] = figures.cls_attention_figure(study.cls_attention_maps(), shown, patch_size=study.patch_size)
+    bar.update()
+    bar.set_description("Integrated Gradients")
+    figs["attributions"] = figures.attribution_figure(study.attribution(few, "integrated_gradients"), shown)
+    bar.update()
     return figs
 
 
@@ -229,8 +207,6 @@ def make_figures(
     progress: bool = True,
 ) -> list[Path]:
     """Load a checkpoint, analyse a seeded sample of its data, and write every figure plus index.html."""
-    from .checkpoint import load
-
     if fmt not in FORMATS:
         raise ValueError(f"--format must be one of {FORMATS}, got {fmt!r}")
     if edges < 1:
@@ -238,22 +214,27 @@ def make_figures(
     if fmt in STATIC_FORMATS:
         check_static_export()
     torch.manual_seed(seed)
-    model, info = load(checkpoint, variant=variant)
-    if not info.data:
-        raise ValueError(f"{checkpoint} records no dataset or normalisation; figures need a lkat-lens checkpoint")
-    model.eval()
-    layers = block_layers(model, parse_blocks(blocks, len(model.blocks)))
-    sample = load_sample(info.data, "val", num_images, name=data, data_dir=data_dir)
-    names = [name for per_block in layers.values() for name in per_block.values()]
-    stats = edge_functions.layer_statistics(model, sample.images, layers=names)
-    figs, drawn = edge_figures(model, stats, layers, edges, progress)
-    figs["edge_overview"] = figures.edge_overview_figure(
-        {b: {k: _first(c, 8) for k, c in per.items()} for b, per in drawn.items()}
+    study = Study.open(
+        checkpoint,
+        variant=variant,
+        data=data,
+        data_dir=data_dir,
+        num_images=num_images,
+        edges=edges,
+        attribution_images=overlay_images,
     )
-    figs |= analysis_figures(model, sample, info.data, overlay_images)
-    out = Path(out)
-    paths = write_figures(figs, out, fmt)
-    write_index(paths, out, f"lkat-lens figures: {Path(checkpoint).name} ({info.model_name})")
+    chosen = parse_blocks(blocks, study.num_blocks)
+    check_kan_blocks(study, chosen)
+    with tqdm(total=len(chosen) + 6, disable=not progress, unit="step") as bar:
+        bar.set_description("loading the data sample")
+        study.sample  # noqa: B018 (loaded here so the bar names the step)
+        bar.update()
+        figs = edge_figures(study, chosen, bar) | analysis_figures(study, bar)
+        bar.set_description(f"writing {len(figs)} {fmt} files")
+        out = Path(out)
+        paths = write_figures(figs, out, fmt)
+        write_index(paths, out, f"lkat-lens figures: {Path(checkpoint).name} ({study.info.model_name})")
+        bar.update()
     return paths
 
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import io
 import warnings
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -111,3 +112,13 @@ def load_image(
     if size != (side, side):
         notes.append(f"resized and center-cropped {size[0]}x{size[1]} to the model's {side}x{side}")
     return LoadedImage(eval_transform_for(data_info)(picture), size, mode, tuple(notes))
+
+
+def display_images(images: torch.Tensor, data: Mapping[str, Any]) -> np.ndarray:
+    """Normalised images [B, C, H, W] back to displayable uint8 RGB [B, H, W, 3]."""
+    mean = torch.tensor(data["mean"], dtype=images.dtype).view(1, -1, 1, 1)
+    std = torch.tensor(data["std"], dtype=images.dtype).view(1, -1, 1, 1)
+    pixels = (images.detach().cpu() * std + mean).clamp(0, 1)
+    if pixels.shape[1] == 1:
+        pixels = pixels.expand(-1, 3, -1, -1)
+    return (pixels[:, :3] * 255).round().to(torch.uint8).permute(0, 2, 3, 1).numpy()

@@ -1,97 +1,61 @@
-"""`lkat-lens analyze`: every analysis of a checkpoint on a sample of its data, as one JSON report."""
+"""`lkat-lens analyze`: every analysis of a `Study` as one JSON report (a thin front end, docs/architecture.md)."""
 
 from __future__ import annotations
 
 import json
 import os
 from collections.abc import Callable
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import torch
-from torch import nn
 from tqdm.auto import tqdm
 
-from lkat_lens.analyses.serialize import json_ready
-
-from .analyses import attention, attributions, edge_functions, gates, probes, tokens
-from .checkpoint import CheckpointInfo
-from .data import build_dataset, eval_transform_for
+from .analyses.serialize import json_ready
+from .study import Study
 
 
-@dataclass
-class Sample:
-    """Evaluation-transformed images [N, C, H, W] with their labels [N]."""
-
-    images: torch.Tensor
-    labels: torch.Tensor
-
-
-def load_sample(
-    data: dict[str, Any], split: str, num: int, *, name: str | None = None, data_dir: str | os.PathLike = "data"
-) -> Sample:
-    """The first `num` images of a dataset split (seeded shuffle), transformed as the checkpoint was evaluated."""
-    dataset = build_dataset(name or data["name"], split, data_dir=data_dir, transform=eval_transform_for(data))
-    order = torch.randperm(len(dataset), generator=torch.Generator().manual_seed(0))[:num]
-    images, labels = zip(*(dataset[int(i)] for i in order), strict=True)
-    return Sample(torch.stack(images), torch.as_tensor(labels))
+def attribution_report(study: Study) -> dict[str, Any]:
+    """Integrated Gradients on the first sample images, with its convergence and deletion/insertion curves."""
+    few = slice(0, study.defaults.attribution_images)
+    ig = study.attribution(few, "integrated_gradients")
+    curves = study.faithfulness(few, "integrated_gradients")
+    return {"integrated_gradients": ig.to_dict(pixels=False), "faithfulness": curves.to_dict()}
 
 
-def analyses_for(model: nn.Module, sample: Sample, probe_train: Sample, attribution_images: int) -> dict[str, Callable]:
-    """The analyses that apply to `model`, by report key."""
-    few = sample.images[:attribution_images]
-
-    def attribution_report() -> dict[str, Any]:
-        ig = attributions.attribute(model, few, "integrated_gradients", n_steps=64)
-        curves = attributions.deletion_insertion(model, few, ig)
-        return {"integrated_gradients": ig.to_dict(pixels=False), "faithfulness": curves.to_dict()}
-
-    jobs: dict[str, Callable] = {}
-    if edge_functions.kan_layers(model):
-        jobs["edge_functions"] = lambda: edge_functions.summarize_edge_functions(model, sample.images).to_dict()
-    if any(name.endswith("hook_gk") for name in model.list_hooks()):
-        jobs["gates"] = lambda: gates.gate_statistics(model, sample.images).to_dict()
-    jobs["cls_attention"] = lambda: attention.cls_attention(model, few).to_dict()
-    jobs["rollout"] = lambda: attention.attention_rollout(model, few, method="gradient").to_dict()
-    jobs["tokens"] = lambda: tokens.token_norms(model, sample.images).to_dict()
-    jobs["attributions"] = attribution_report
-    jobs["probes"] = lambda: probes.linear_probes(
-        model, probe_train.images, probe_train.labels, sample.images, sample.labels
-    ).to_dict()
+def analyses_for(study: Study) -> dict[str, tuple[str, Callable[[], Any]]]:
+    """The analyses that apply to the study's model: report key -> (step name, job)."""
+    few = slice(0, study.defaults.attribution_images)
+    jobs: dict[str, tuple[str, Callable[[], Any]]] = {}
+    if study.has_kan:
+        jobs["edge_functions"] = ("KAN edge functions", lambda: study.edge_summary().to_dict())
+    if study.has_gates:
+        jobs["gates"] = ("GLA forget gates", lambda: study.gate_statistics().to_dict())
+    jobs["cls_attention"] = ("class-token attention", lambda: study.cls_attention_maps().to_dict())
+    jobs["rollout"] = ("gradient rollout", lambda: study.rollout(few, "gradient").to_dict())
+    jobs["tokens"] = ("token norms", lambda: study.token_norms().to_dict())
+    jobs["attributions"] = ("Integrated Gradients", lambda: attribution_report(study))
+    jobs["probes"] = ("linear probes", lambda: study.probes().to_dict())
     return jobs
 
 
-def analyze(
-    model: nn.Module,
-    info: CheckpointInfo,
-    sample: Sample,
-    probe_train: Sample,
-    *,
-    attribution_images: int = 4,
-    progress: bool = True,
-) -> dict[str, Any]:
-    """Run every applicable analysis and return the JSON-ready report."""
-    model.eval()
-    with torch.no_grad():
-        logits = model(sample.images)
-    report: dict[str, Any] = {
-        "checkpoint": info.path,
-        "model": {
-            "name": info.model_name,
-            "kwargs": info.model_kwargs,
-            "parameters": sum(p.numel() for p in model.parameters()),
-        },
-        "data": {k: v for k, v in info.data.items() if k != "class_names"},
-        "sample": {
+def analyze(study: Study, *, progress: bool = True) -> dict[str, Any]:
+    """Run every applicable analysis of the study and return the JSON-ready report."""
+    jobs = analyses_for(study)
+    report: dict[str, Any] = {"checkpoint": str(study.path), "model": study.card()}
+    with tqdm(total=len(jobs) + 1, disable=not progress, unit="step") as bar:
+        bar.set_description("loading the data sample")
+        sample = study.sample
+        report["data"] = {k: v for k, v in study.info.data.items() if k != "class_names"}
+        report["sample"] = {
             "images": len(sample.labels),
-            "probe_train_images": len(probe_train.labels),
-            "top1": (logits.argmax(-1) == sample.labels).float().mean().item(),
-        },
-    }
-    jobs = analyses_for(model, sample, probe_train, attribution_images)
-    for key, job in tqdm(jobs.items(), desc="analyses", disable=not progress):
-        report[key] = job()
+            "probe_train_images": len(study.probe_train.labels),
+            "top1_percent": study.sample_top1,
+        }
+        bar.update()
+        for key, (step, job) in jobs.items():
+            bar.set_description(step)
+            report[key] = job()
+            bar.update()
     return json_ready(report)
 
 

@@ -14,10 +14,10 @@ from lkat_lens.analyses.attributions import (
     blurred,
     curve_auc,
     deletion_insertion,
-    model_patch_size,
     patch_map,
     pixel_map,
 )
+from lkat_lens.analyses.parts import patch_size
 
 B, C, IMG, PATCH = 2, 3, 16, 4
 GRID = IMG // PATCH
@@ -213,11 +213,11 @@ def test_patch_deletion_follows_the_pixel_map_order(lkat, images):
 
 
 def test_model_patch_size_and_errors(lkat, images):
-    assert model_patch_size(lkat) == (PATCH, PATCH)
+    assert patch_size(lkat) == (PATCH, PATCH)
     vit = lkat_lens.create_model("vit_tiny_patch16_224", num_classes=3, img_size=IMG, patch_size=8, depth=1)
-    assert model_patch_size(vit) == (8, 8)
+    assert patch_size(vit) == (8, 8)
     with pytest.raises(ValueError, match="patch_size"):
-        model_patch_size(nn.Linear(2, 2))
+        patch_size(nn.Linear(2, 2))
     with pytest.raises(ValueError, match="unknown attribution method"):
         attribute(lkat, images, "lime")
     with pytest.raises(ValueError, match="target has 3"):

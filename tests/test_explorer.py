@@ -19,7 +19,7 @@ from lkat_lens import explore_cli, figures
 from lkat_lens.apps import selection
 from lkat_lens.apps.explorer import BROWSER_UPLOAD_CAP, create_app
 from lkat_lens.apps.selection import Limits, Selection
-from lkat_lens.apps.state import MAX_UPLOAD_BYTES, BadUpload, model_card
+from lkat_lens.apps.state import MAX_UPLOAD_BYTES, BadUpload
 from lkat_lens.apps.views import attributions, edges, gates, tokens
 from lkat_lens.checkpoint import load, save_checkpoint
 from lkat_lens.models import create_model
@@ -218,8 +218,9 @@ def test_baseline_views_say_not_applicable(app, digits_checkpoint, vit_checkpoin
     assert all("no GLA forget gates" in t for t in titles(gates.gate_figures(vit, 0, 0)))
     cls, row = gates.attention_figures(vit, 3, 0, 1, None)  # softmax attention applies
     assert "CLS attention" in cls.layout.title.text and "attention row" in row.layout.title.text
-    card = model_card(vit.info, vit.num_parameters)
+    card = vit.card()
     assert card["variant"] == "vit_tiny_patch16_224" and card["dataset"] == "digits"
+    assert card["architecture"]["attention"] == "softmax" and "KAN basis" not in card["architecture"]
 
 
 def test_probes_are_fitted_once(app):

@@ -8,10 +8,15 @@ import numpy as np
 import pytest
 import torch
 from PIL import Image
+from tqdm.auto import tqdm
 
 from lkat_lens import figures, figures_cli
-from lkat_lens.analyses import attention, attributions, edge_functions, gates, tokens
+from lkat_lens.analyses import attention, attributions, edge_functions, gates, parts, tokens
+from lkat_lens.checkpoint import CheckpointInfo
 from lkat_lens.cli import run_user_command
+from lkat_lens.data import Sample
+from lkat_lens.images import display_images
+from lkat_lens.study import Study
 
 needs_chromium = pytest.mark.skipif(shutil.which("chromium") is None, reason="needs Debian chromium for kaleido export")
 
@@ -24,8 +29,8 @@ def stats(lkat, images):
 
 def test_edge_curve_figure_holds_the_curves(lkat, stats):
     name = "blocks.1.mlp.fc1"
-    layer = edge_functions.kan_layers(lkat)[name]
-    curves, scores = figures_cli.top_edge_curves(layer, stats[name], 6)
+    layer = parts.kan_layers(lkat)[name]
+    curves, scores = edge_functions.top_edge_curves(layer, stats[name], 6)
     expected = edge_functions.edge_curves(layer, curves.edges)
     fig = figures.edge_curve_figure(curves, stats[name].coverage, scores=scores)
     assert len(fig.data) == 3 * 6
@@ -47,7 +52,7 @@ def test_edge_curve_figure_holds_the_curves(lkat, stats):
 
 
 def test_edge_overview_has_one_trace_per_curve(lkat):
-    layers = edge_functions.kan_layers(lkat)
+    layers = parts.kan_layers(lkat)
     drawn = {
         b: {s: edge_functions.edge_curves(layers[f"blocks.{b}.mlp.{s}"], [(0, 0), (1, 2)]) for s in ("fc1", "fc2")}
         for b in (0, 1)
@@ -89,7 +94,7 @@ def test_token_norm_figure(lkat, images):
 
 
 def test_map_figures_hold_attention_and_attributions(lkat, images):
-    shown = figures_cli.display_images(images, {"mean": [0.5] * 3, "std": [0.25] * 3})
+    shown = display_images(images, {"mean": [0.5] * 3, "std": [0.25] * 3})
     assert shown.shape == (2, 16, 16, 3) and shown.dtype == np.uint8
     cls = attention.cls_attention(lkat, images)
     fig = figures.cls_attention_figure(cls, shown, patch_size=(4, 4))
@@ -115,9 +120,11 @@ def test_parse_blocks():
 
 def test_builders_are_deterministic(lkat, stats):
     name = "blocks.0.mlp.fc2"
-    layer = edge_functions.kan_layers(lkat)[name]
+    layer = parts.kan_layers(lkat)[name]
     jsons = [
-        figures.edge_curve_figure(figures_cli.top_edge_curves(layer, stats[name], 4)[0], stats[name].coverage).to_json()
+        figures.edge_curve_figure(
+            edge_functions.top_edge_curves(layer, stats[name], 4)[0], stats[name].coverage
+        ).to_json()
         for _ in range(2)
     ]
     assert jsons[0] == jsons[1]
@@ -193,11 +200,13 @@ def test_lkat_base_edge_grids_build_fast():
 
     torch.manual_seed(0)
     model = timm.create_model("lkat_base_patch16_224").eval()
-    layers = figures_cli.block_layers(model, range(12))
-    names = [n for per in layers.values() for n in per.values()]
-    stats = edge_functions.layer_statistics(model, torch.randn(2, 3, 224, 224), layers=names)
+    info = CheckpointInfo("random-init", "lkat_base_patch16_224", {}, data={"name": "none", "img_size": 224})
+    study = Study(model, info)
+    study.sample = Sample(torch.randn(2, 3, 224, 224), torch.zeros(2, dtype=torch.long))
+    study.layer_statistics()
     start = time.perf_counter()
-    figs, drawn = figures_cli.edge_figures(model, stats, layers, 16, progress=False)
+    figs = figures_cli.edge_figures(study, range(12), tqdm(disable=True))
     elapsed = time.perf_counter() - start
-    assert len(figs) == 24 and all(len(f.data) == 3 * 16 for f in figs.values())
+    curves = {name: fig for name, fig in figs.items() if name.endswith("_curves")}
+    assert len(curves) == 24 and all(len(f.data) == 3 * 16 for f in curves.values())
     assert elapsed < 60, f"building 24 LKAT-B grids took {elapsed:.1f} s"

@@ -8,12 +8,12 @@ import torch
 from timm.models.mlp_mixer import MlpMixer
 
 import lkat_lens
+from lkat_lens.analyses.parts import residual_names
 from lkat_lens.analyses.probes import (
     collect_features,
     feature_kinds,
     fit_probe,
     linear_probes,
-    probe_depth_names,
     token_features,
 )
 from lkat_lens.models.baselines import attach_hook_points
@@ -56,7 +56,7 @@ def test_probe_reaches_full_accuracy_on_a_planted_signal_and_chance_on_noise():
 def test_lkat_features_read_the_last_token_as_cls(lkat):
     images = torch.randn(5, 3, IMG, IMG, generator=torch.Generator().manual_seed(1))
     feats = collect_features(lkat, images, batch_size=2)
-    names = probe_depth_names(lkat)
+    names = residual_names(lkat)
     assert names == ["hook_embed", *(f"blocks.{i}.hook_resid_post" for i in range(DEPTH))]
     assert feature_kinds(lkat) == ("cls", "mean_patch")
     assert {k: tuple(v.shape) for k, v in feats.items()} == {"cls": (DEPTH + 1, 5, D), "mean_patch": (DEPTH + 1, 5, D)}
@@ -74,7 +74,7 @@ def test_timm_vit_features_read_the_first_token_as_cls():
     ).eval()
     images = torch.randn(3, 3, IMG, IMG, generator=torch.Generator().manual_seed(2))
     feats = collect_features(vit, images)
-    _, cache = vit.run_with_cache(images, names=probe_depth_names(vit))
+    _, cache = vit.run_with_cache(images, names=residual_names(vit))
     last = cache["blocks.1.hook_resid_post"]
     assert last.shape[1] == 1 + 2 + N_PATCH
     torch.testing.assert_close(feats["cls"][-1], last[:, 0])

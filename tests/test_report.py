@@ -7,6 +7,7 @@ import sys
 import pytest
 
 from lkat_lens import cli
+from lkat_lens.checkpoint import load
 
 SECTIONS = {"edge_functions", "gates", "cls_attention", "rollout", "tokens", "attributions", "probes"}
 
@@ -35,8 +36,9 @@ def test_analyze_writes_every_analysis(digits_checkpoint, tmp_path, capsys):
     report = strict_json(out)
     assert SECTIONS <= set(report)
     depth = 4
-    assert report["model"]["name"] == "lkat_micro" and report["sample"]["images"] == 16
-    assert 0.0 <= report["sample"]["top1"] <= 1.0
+    assert report["model"]["variant"] == "lkat_micro" and report["sample"]["images"] == 16
+    assert report["model"]["architecture"]["depth"] == depth and report["model"]["architecture"]["KAN basis"]
+    assert 0.0 <= report["sample"]["top1_percent"] <= 100.0
     assert len(report["edge_functions"]["layers"]) == 2 * depth
     assert report["gates"]["blocks"] == list(range(depth))
     assert len(report["probes"]["test_accuracy"]["cls"]) == depth + 1
@@ -45,12 +47,21 @@ def test_analyze_writes_every_analysis(digits_checkpoint, tmp_path, capsys):
     assert len(faith["deletion_auc"]) == 2 and all(0.0 <= a <= 1.0 for a in faith["deletion_auc"])
     assert len(report["tokens"]["mean_norm"]["patches"]) == depth + 1
     assert "wrote" in capsys.readouterr().out
+    top = report["edge_functions"]["layers"]["blocks.0.mlp.fc1"]["top_edges"][0]
+    assert set(top) == {"out", "in", "std"} and top["std"] > 0
+    assert "majority-class" in report["probes"]["chance_rule"] and "tokens" in report["gates"]["half_life_unit"]
 
 
 def test_info_prints_the_model_card(digits_checkpoint, capsys):
     assert cli.main(["info", str(digits_checkpoint)]) == 0
-    card = json.loads(capsys.readouterr().out)
-    assert card["model"] == "lkat_micro" and card["data"]["name"] == "digits" and card["parameters"] > 0
+    lines = capsys.readouterr().out.splitlines()
+    fields = {key.strip(): value.strip() for key, _, value in (line.partition(":") for line in lines)}
+    assert fields["variant"] == "lkat_micro" and fields["dataset"] == "digits"
+    assert fields["depth"] == "4" and fields["width"] == "64" and fields["heads"] == "2"
+    assert fields["KAN basis"] == "shared" and "centres on" in fields["KAN grid"]
+    epochs = load(digits_checkpoint)[1].train["args"]["epochs"]
+    assert fields["training"].startswith("epoch ") and fields["training"].split(" of ")[1].startswith(str(epochs))
+    assert fields["val top-1 (this epoch)"].endswith(" %")
 
 
 @pytest.mark.parametrize("command", ["info", "analyze"])

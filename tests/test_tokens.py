@@ -8,7 +8,8 @@ import pytest
 import torch
 
 import lkat_lens
-from lkat_lens.analyses.tokens import outlier_threshold, residual_names, token_groups, token_norms
+from lkat_lens.analyses.parts import residual_names
+from lkat_lens.analyses.tokens import outlier_threshold, token_groups, token_norms
 
 B, IMG = 2, 16
 PLANTED = (1, 6)  # image, patch

@@ -6,7 +6,6 @@ from .attention import (
     ClsAttention,
     Rollout,
     attention_gradients,
-    attention_kinds,
     attention_matrices,
     attention_rollout,
     cls_attention,
@@ -25,12 +24,12 @@ from .edge_functions import (
     fit_edge,
     gated_branch,
     kan_attribution,
-    kan_layers,
     layer_statistics,
     shape_diversity,
     summarize_edge_functions,
 )
 from .gates import GateStats, gate_statistics, half_life
+from .parts import attention_kinds, block_kan_layers, gla_blocks, kan_layers, patch_grid, patch_size
 from .probes import ProbeResults, linear_probes
 from .symbolic import LIBRARY as SYMBOLIC_LIBRARY
 from .symbolic import SymbolicFitResult, fit_symbolic
@@ -60,6 +59,10 @@ __all__ = [
     "attention_matrices",
     "attention_rollout",
     "attribute",
+    "block_kan_layers",
+    "gla_blocks",
+    "patch_grid",
+    "patch_size",
     "cls_attention",
     "curve_auc",
     "deletion_insertion",

@@ -21,20 +21,10 @@ import torch
 
 from lkat_lens.models.hooks import HookedModel, HookPoint
 
+from .parts import attention_kinds, patch_grid, targets_for
 from .tokens import layout_dict
 
 METHODS = ("attention", "gradient")
-
-
-def attention_kinds(model: HookedModel) -> list[str]:
-    """Per block, "gla" (GLA layer: it has hook_gk) or "softmax"."""
-    points = model.hook_points()
-    kinds = []
-    for i in range(len(model.blocks)):
-        if _pattern_name(i) not in points:
-            raise ValueError(f"block {i} of {type(model).__name__} has no attention hook point (hook_pattern)")
-        kinds.append("gla" if f"blocks.{i}.attn.hook_gk" in points else "softmax")
-    return kinds
 
 
 def _pattern_name(block: int) -> str:
@@ -63,10 +53,6 @@ def _select_blocks(model: HookedModel, blocks: Sequence[int] | None) -> tuple[li
     """Requested block indices (all by default) and every block's kind."""
     kinds = attention_kinds(model)
     return (list(range(len(kinds))) if blocks is None else list(blocks)), kinds
-
-
-def _grid(model: HookedModel) -> tuple[int, int]:
-    return tuple(model.patch_embed.grid_size)
 
 
 @dataclass
@@ -106,7 +92,7 @@ def attention_matrices(
         blocks=blocks,
         kinds=[kinds[i] for i in blocks],
         layout=model.token_layout,
-        grid_size=_grid(model),
+        grid_size=patch_grid(model),
     )
 
 
@@ -154,9 +140,8 @@ def cls_attention(model: HookedModel, images: torch.Tensor, blocks: Sequence[int
     layout = model.token_layout
     cls = layout["cls"].start
     rows = _patterns(model, images, blocks, keep=lambda pattern: pattern[..., cls, :].clone())
-    return ClsAttention(
-        rows=torch.stack(rows), blocks=blocks, kinds=[kinds[i] for i in blocks], layout=layout, grid_size=_grid(model)
-    )
+    kinds = [kinds[i] for i in blocks]
+    return ClsAttention(rows=torch.stack(rows), blocks=blocks, kinds=kinds, layout=layout, grid_size=patch_grid(model))
 
 
 def rollout(attention: torch.Tensor, gradients: torch.Tensor | None = None) -> torch.Tensor:
@@ -190,13 +175,6 @@ class AttentionGradients:
         }
 
 
-def _targets(logits: torch.Tensor, target: int | torch.Tensor | None) -> torch.Tensor:
-    """Class index per image: the prediction by default, or the given class(es)."""
-    if target is None:
-        return logits.argmax(-1)
-    return torch.as_tensor(target, device=logits.device).long().expand(logits.shape[0])
-
-
 def attention_gradients(
     model: HookedModel, images: torch.Tensor, target: int | torch.Tensor | None = None
 ) -> AttentionGradients:
@@ -204,7 +182,7 @@ def attention_gradients(
     names = [_pattern_name(i) for i in range(len(attention_kinds(model)))]
     logits, cache = model.run_with_cache(images.detach().requires_grad_(True), names=names, grad=True)
     patterns = [cache[n] for n in names]
-    chosen = _targets(logits, target)
+    chosen = logits.argmax(-1) if target is None else targets_for(logits.shape[0], target, logits.device)
     grads = torch.autograd.grad(logits.gather(1, chosen[:, None]).sum(), patterns)
     return AttentionGradients(
         attention=torch.stack([a.detach() for a in patterns]),
@@ -260,4 +238,4 @@ def attention_rollout(
     else:
         grads = attention_gradients(model, images, target)
         joint, chosen = rollout(grads.attention, grads.gradients), grads.target
-    return Rollout(joint=joint, method=method, target=chosen, layout=model.token_layout, grid_size=_grid(model))
+    return Rollout(joint=joint, method=method, target=chosen, layout=model.token_layout, grid_size=patch_grid(model))

@@ -14,14 +14,15 @@ sum the pixel map over each patch, so they sum to the same total.
 from __future__ import annotations
 
 import math
-from collections.abc import Iterator, Sequence
-from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import nn
 from torchvision.transforms.functional import gaussian_blur
+
+from . import parts
+from .parts import TargetLike, eval_mode, pair, resolve_target
 
 if TYPE_CHECKING:
     from types import ModuleType
@@ -31,8 +32,6 @@ REDUCTIONS = ("sum", "abs_sum")
 REPLACEMENTS = ("blur", "zeros", "mean")
 SMOOTHGRAD_NOISE = 0.15  # SmoothGrad's noise level: stdev as a fraction of the batch's value range
 IMAGES_PER_PASS = 64  # default cap on images per forward/backward pass (IG path points, noise samples, occlusions)
-
-TargetLike = int | Sequence[int] | torch.Tensor | None
 
 
 @dataclass
@@ -91,49 +90,10 @@ class FaithfulnessCurves:
         }
 
 
-@contextmanager
-def eval_mode(model: nn.Module) -> Iterator[nn.Module]:
-    """Put the model in eval mode for a with-block and restore its training flag after."""
-    was_training = model.training
-    model.eval()
-    try:
-        yield model
-    finally:
-        model.train(was_training)
-
-
-def model_patch_size(model: nn.Module) -> tuple[int, int]:
-    """The patch size of a ViT-like model (patch_embed, or stem for MLP-Mixer)."""
-    embed = getattr(model, "patch_embed", None) or getattr(model, "stem", None)
-    size = getattr(embed, "patch_size", None)
-    if size is None:
-        raise ValueError(f"{type(model).__name__} has no patch_embed.patch_size; pass patch_size=(ph, pw)")
-    return _pair(size)
-
-
-def _pair(size: int | Sequence[int]) -> tuple[int, int]:
-    """(h, w) from an int or a pair."""
-    return (size, size) if isinstance(size, int) else (int(size[0]), int(size[1]))
-
-
 def _model_input(model: nn.Module, images: torch.Tensor) -> torch.Tensor:
     """The images on the model's device and in its floating dtype."""
     param = next(model.parameters())
     return images.detach().to(param.device, param.dtype)
-
-
-def resolve_target(model: nn.Module, images: torch.Tensor, target: TargetLike = None) -> torch.Tensor:
-    """Class per image [B] (long): the predicted class when target is None, else the given class(es)."""
-    b = images.shape[0]
-    if target is None:
-        with torch.no_grad():
-            return model(images).argmax(-1)
-    out = torch.as_tensor(target, dtype=torch.long, device=images.device).reshape(-1)
-    if out.numel() == 1:
-        return out.expand(b).clone()
-    if out.numel() != b:
-        raise ValueError(f"target has {out.numel()} entries for {b} images")
-    return out
 
 
 def _baseline(images: torch.Tensor, baselines: torch.Tensor | float | None) -> torch.Tensor:
@@ -159,7 +119,7 @@ def pixel_map(attributions: torch.Tensor, reduction: str = "sum") -> torch.Tenso
 
 def patch_map(pixels: torch.Tensor, patch_size: int | tuple[int, int]) -> torch.Tensor:
     """[B,H,W] pixel scores -> [B, H/ph, W/pw] sums over each patch."""
-    ph, pw = _pair(patch_size)
+    ph, pw = pair(patch_size)
     b, h, w = pixels.shape
     if h % ph or w % pw:
         raise ValueError(f"image {h}x{w} is not a whole number of {ph}x{pw} patches")
@@ -258,7 +218,7 @@ def attribute(
         raise ValueError(f"unknown attribution method {method!r}; choose from {METHODS}")
     if reduction not in REDUCTIONS:
         raise ValueError(f"unknown reduction {reduction!r}; choose from {REDUCTIONS}")
-    size = model_patch_size(model) if patch_size is None else _pair(patch_size)
+    size = parts.patch_size(model) if patch_size is None else pair(patch_size)
     with eval_mode(model):
         x = _model_input(model, images)
         tgt = resolve_target(model, x, target)
@@ -379,7 +339,7 @@ def deletion_insertion(
     if isinstance(attribution, Attribution) and patch_size is None:
         size = attribution.patch_size
     else:
-        size = model_patch_size(model) if patch_size is None else _pair(patch_size)
+        size = parts.patch_size(model) if patch_size is None else pair(patch_size)
     if target is None and isinstance(attribution, Attribution):
         target = attribution.target
     with eval_mode(model), torch.no_grad():

@@ -24,6 +24,7 @@ from torch import nn
 
 from lkat_lens.models.kan import KAN, KANLayer
 
+from .parts import eval_mode, kan_layers
 from .serialize import json_ready
 from .symbolic import SymbolicFitResult, SymbolicFunction, fit_symbolic
 
@@ -365,11 +366,6 @@ class LayerMoments:
         )
 
 
-def kan_layers(model: nn.Module) -> dict[str, KANLayer]:
-    """Every KANLayer of a model by module name (a bare layer is named "layer")."""
-    return {name or "layer": m for name, m in model.named_modules() if isinstance(m, KANLayer)}
-
-
 def _batches(inputs: torch.Tensor | Iterable[torch.Tensor], batch_size: int | None) -> Iterator[torch.Tensor]:
     """Split one tensor into batches of batch_size, or pass an iterable of batches through."""
     if isinstance(inputs, torch.Tensor):
@@ -425,14 +421,9 @@ def layer_statistics(
         found = {n: found[n] for n in layers}
     moments = {name: LayerMoments(layer, name, bins=bins, margin=margin) for name, layer in found.items()}
     device = next(model.parameters()).device
-    was_training = model.training
-    model.eval()
-    try:
-        with torch.no_grad(), _capture(found, moments):
-            for batch in _batches(inputs, batch_size):
-                model(batch.to(device))
-    finally:
-        model.train(was_training)
+    with eval_mode(model), torch.no_grad(), _capture(found, moments):
+        for batch in _batches(inputs, batch_size):
+            model(batch.to(device))
     return {name: acc.statistics() for name, acc in moments.items()}
 
 
@@ -544,6 +535,13 @@ def edge_importance(layer: KANLayer, stats: LayerStatistics) -> EdgeImportance:
         base_std=None if base is None else base.clamp_min(0).sqrt(),
         output_std=stats.output_std,
     )
+
+
+def top_edge_curves(layer: KANLayer, stats: LayerStatistics, k: int) -> tuple[EdgeCurves, list[float]]:
+    """Curves of the layer's k most important edges on the default grid, and their importance (std)."""
+    top = edge_importance(layer, stats).top_edges(k)
+    curves = edge_curves(layer, [(q, p) for q, p, _ in top])
+    return curves, [score for _, _, score in top]
 
 
 @dataclass
@@ -723,8 +721,22 @@ class EdgeFunctionSummary:
     attributions: dict[str, BlockAttribution]
 
     def to_dict(self) -> dict[str, Any]:
-        """JSON-ready nested dict (tensors as lists, NaN as None)."""
-        return json_ready(self)
+        """JSON-ready nested dict (tensors as lists, NaN as None); top edges and nodes as named fields."""
+        out = json_ready(self)
+        for layer in out["layers"].values():
+            layer["top_edges"] = _named(layer["top_edges"], ("out", "in", "std"))
+            layer["top_inputs"] = _named(layer["top_inputs"], ("in", "importance"))
+            layer["top_outputs"] = _named(layer["top_outputs"], ("out", "std"))
+        for block in out["attributions"].values():
+            block["top_inputs"] = _named(block["top_inputs"], ("in", "score"))
+            block["top_hidden"] = _named(block["top_hidden"], ("hidden", "score"))
+            block["top_edges"] = {k: _named(v, ("out", "in", "score")) for k, v in block["top_edges"].items()}
+        return out
+
+
+def _named(rows: list[list[Any]], fields: tuple[str, ...]) -> list[dict[str, Any]]:
+    """Rows of a top-k list as dicts with field names (out = q, the output node; in = p, the input)."""
+    return [dict(zip(fields, row, strict=True)) for row in rows]
 
 
 def summarize_layer(layer: KANLayer, stats: LayerStatistics, top_k: int = 10) -> tuple[LayerSummary, EdgeImportance]:

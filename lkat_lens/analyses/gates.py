@@ -18,7 +18,7 @@ import torch
 
 from lkat_lens.models.hooks import HookedModel
 
-from .attention import attention_kinds
+from .parts import gla_blocks
 from .serialize import json_ready
 from .tokens import layout_dict, token_groups
 
@@ -99,6 +99,7 @@ class GateStats:
             "head_alpha_quantiles": json_ready(self.head_log_alpha_quantiles.exp()),
             "head_half_life_quantiles": json_ready(half_life(self.head_log_alpha_quantiles)),
             "histogram": {"alpha_edges": self.hist_edges.tolist(), "counts": self.hist_counts.tolist()},
+            "half_life_unit": "tokens (ln 0.5 / ln α: steps until a memory decays to half)",
             "half_life": json_ready(self.half_life),
             "head_half_life_by_type": {name: json_ready(h) for name, h in self.head_half_life_by_type.items()},
             "half_life_map": json_ready(self.half_life_map),
@@ -123,7 +124,7 @@ def gate_statistics(
     quantiles: Sequence[float] = QUANTILES,
 ) -> GateStats:
     """Forget-gate values, distribution and half-lives of every GLA block of `model` on `images` (one forward)."""
-    blocks = [i for i, kind in enumerate(attention_kinds(model)) if kind == "gla"]
+    blocks = gla_blocks(model)
     if not blocks:
         raise ValueError(f"{type(model).__name__} has no GLA blocks; gate statistics need LKAT-style attention")
     names = [f"blocks.{i}.attn.hook_gk" for i in blocks]

@@ -17,7 +17,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from .attributions import eval_mode
+from .parts import eval_mode, residual_names
 
 if TYPE_CHECKING:
     from sklearn.pipeline import Pipeline
@@ -53,12 +53,8 @@ class ProbeResults:
             "num_train": self.num_train,
             "num_test": self.num_test,
             "chance": self.chance,
+            "chance_rule": "majority-class rate of the held-out labels (accuracy of always guessing it)",
         }
-
-
-def probe_depth_names(model: nn.Module) -> list[str]:
-    """Hook names read by the probes, in depth order: hook_embed, then each block's hook_resid_post."""
-    return ["hook_embed", *(f"blocks.{i}.hook_resid_post" for i in range(len(model.blocks)))]
 
 
 def feature_kinds(model: nn.Module) -> tuple[str, ...]:
@@ -77,7 +73,7 @@ def token_features(tokens: torch.Tensor, layout: dict[str, slice]) -> dict[str, 
 
 def collect_features(model: nn.Module, images: torch.Tensor, batch_size: int = 64) -> dict[str, torch.Tensor]:
     """Probe features per kind as [depths, N, D] float32 CPU tensors, from batches run without gradients."""
-    names = probe_depth_names(model)
+    names = residual_names(model)
     layout = model.token_layout
     param = next(model.parameters())
     parts: dict[str, list[list[torch.Tensor]]] = {kind: [[] for _ in names] for kind in feature_kinds(model)}
@@ -142,7 +138,7 @@ def linear_probes(
         test_acc[kind] = np.array([s[1] for s in scores])
     _, counts = np.unique(y_test, return_counts=True)
     return ProbeResults(
-        depth_names=probe_depth_names(model),
+        depth_names=residual_names(model),
         train_accuracy=train_acc,
         test_accuracy=test_acc,
         num_classes=len(np.union1d(y_train, y_test)),

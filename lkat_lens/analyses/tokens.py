@@ -15,6 +15,8 @@ import torch
 
 from lkat_lens.models.hooks import HookedModel
 
+from .parts import residual_names
+
 OUTLIER_Z = 5.0
 OUTLIER_RATIO = 2.0
 MAD_TO_STD = 1.4826  # MAD of a normal distribution times this is its standard deviation
@@ -88,11 +90,6 @@ class TokenNorms:
             "outlier_fraction": self.outliers.float().mean((1, 2)).tolist(),
             "outliers": [dict(zip(("depth", "image", "row", "col"), f, strict=True)) for f in flagged],
         }
-
-
-def residual_names(model: HookedModel) -> list[str]:
-    """Hook names of the residual stream by depth: hook_embed, then each block's hook_resid_post."""
-    return ["hook_embed", *(f"blocks.{i}.hook_resid_post" for i in range(len(model.blocks)))]
 
 
 def token_norms(

@@ -9,7 +9,7 @@ from lkat_lens.apps.views.attributions import decode_upload
 from lkat_lens.apps.views.common import patch_or_centre
 
 from . import selection
-from .state import BadUpload, CheckpointState, ExplorerState, top_k
+from .state import BadUpload, CheckpointState, ExplorerState
 from .views import VIEWS
 
 
@@ -26,7 +26,7 @@ def upload_predictions_view(ckpt: CheckpointState, contents: str, filename: str 
         images = ckpt.upload(decode_upload(contents), name).tensor.unsqueeze(0)
     except BadUpload:
         return [html.Strong(f"{name}: no predictions (not a usable image)")]
-    return topk_list(f"uploaded {name}", top_k(ckpt.model, images, 5, ckpt.class_names))
+    return topk_list(f"uploaded {name}", ckpt.top_k(images, 5))
 
 
 def topk_list(subject: str, classes: list[tuple[str, float]]) -> list:

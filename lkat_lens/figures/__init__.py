@@ -16,7 +16,7 @@ from plotly.subplots import make_subplots
 
 from lkat_lens.analyses.attention import ClsAttention
 from lkat_lens.analyses.attributions import Attribution, FaithfulnessCurves
-from lkat_lens.analyses.edge_functions import Coverage, EdgeCurves
+from lkat_lens.analyses.edge_functions import Coverage, EdgeCurves, LayerStatistics
 from lkat_lens.analyses.gates import GateStats
 from lkat_lens.analyses.probes import ProbeResults
 from lkat_lens.analyses.symbolic import SymbolicFitResult
@@ -63,6 +63,14 @@ def _y_span(values: torch.Tensor) -> tuple[float, float]:
     low, high = float(values.min()), float(values.max())
     pad = 0.08 * (high - low) if high > low else max(abs(high), 1.0) * 0.1
     return low - pad, high + pad
+
+
+def edge_layer_figure(
+    block: int, layer: str, curves: EdgeCurves, stats: LayerStatistics, scores: Sequence[float]
+) -> go.Figure:
+    """A block layer's top edge functions (the grid `lkat-lens figures` writes and the explorer shows)."""
+    title = f"block {block} {layer}: top {len(scores)} edge functions by std over real inputs"
+    return edge_curve_figure(curves, stats.coverage, scores=scores, title=title)
 
 
 def edge_curve_figure(

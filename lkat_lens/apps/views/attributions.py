@@ -9,7 +9,7 @@ import plotly.graph_objects as go
 from dash import Input, Output, State, ctx, dcc, html
 
 from lkat_lens import figures
-from lkat_lens.apps.state import MAX_UPLOAD_BYTES, BadUpload, CheckpointState, ExplorerState, attribute, faithfulness
+from lkat_lens.apps.state import MAX_UPLOAD_BYTES, BadUpload, CheckpointState, ExplorerState
 
 from .common import compare_panel, graph, message_figure, require_tab, side_by_side, static_graph
 
@@ -87,10 +87,10 @@ def upload_figures(ckpt: CheckpointState, content: bytes, name: str, method: str
     """Overlay, curves and conversion notes of an uploaded image's attribution; BadUpload if it is no usable image."""
     loaded = ckpt.upload(content, name)
     images = loaded.tensor.unsqueeze(0)
-    found = attribute(ckpt.model, images, method, target)
+    found = ckpt.attribute(images, method, target)
     overlay = figures.attribution_figure(found, ckpt.display(images), title=title(ckpt, method, target, name))
     notes = html.Span(f"{name}: {'; '.join(loaded.notes)}", style={"color": "#555"}) if loaded.notes else ""
-    return [overlay, figures.faithfulness_figure(faithfulness(ckpt.model, images, found)), notes]
+    return [overlay, figures.faithfulness_figure(ckpt.faithfulness_of(images, found)), notes]
 
 
 def register(app: dash.Dash, state: ExplorerState) -> None:

@@ -56,8 +56,7 @@ def build_block_figures(ckpt: CheckpointState, block: int) -> list[go.Figure]:
             figs.append(message_figure(f"block {block} has no KAN {short}"))
             continue
         curves, scores, stats = ckpt.edge_curves(block, short)
-        title = f"block {block} {short}: top {len(scores)} edge functions by std over real inputs"
-        figs.append(figures.edge_curve_figure(curves, stats.coverage, scores=scores, title=title))
+        figs.append(figures.edge_layer_figure(block, short, curves, stats, scores))
         coverages[short] = stats.coverage
         centers = curves.centers.tolist()
     title = f"block {block}: input coverage of the RBF grid (shaded: support [grid_min - h, grid_max + h])"

@@ -2,14 +2,13 @@
 
 from __future__ import annotations
 
-import json
-
 import dash
 import plotly.graph_objects as go
 from dash import Input, Output, dcc, html
 
 from lkat_lens import figures
-from lkat_lens.apps.state import CheckpointState, ExplorerState, model_card
+from lkat_lens.apps.state import CheckpointState, ExplorerState
+from lkat_lens.study import format_card
 
 from .common import compare_panel, graph, label, side_by_side, static_graph
 
@@ -23,8 +22,8 @@ def tab(state: ExplorerState) -> dcc.Tab:
 
 
 def card_text(ckpt: CheckpointState) -> str:
-    """The model card as indented JSON."""
-    return json.dumps(model_card(ckpt.info, ckpt.num_parameters), indent=2, default=str)
+    """The model card as aligned `key: value` lines."""
+    return format_card(ckpt.card())
 
 
 def curves(ckpt: CheckpointState) -> go.Figure:

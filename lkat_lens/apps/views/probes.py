@@ -18,7 +18,8 @@ def tab(state: ExplorerState) -> dcc.Tab:
     """The Probes tab."""
     note = (
         f"Logistic-regression probes on the class token and the mean patch token, fitted on "
-        f"{state[0].probe_images} training images and scored on the explorer's sample; the line marks the block."
+        f"{state[0].defaults.probe_images} training images and scored on the explorer's sample; "
+        "the line marks the block."
     )
     return dcc.Tab(
         label="Probes", value=TAB, children=side_by_side([html.P(note), graph("probe-figure")], "compare-probes")

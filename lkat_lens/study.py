@@ -1,0 +1,382 @@
+"""The study object: one checkpoint under study, with its parts, data sample, defaults and cached analyses.
+
+`lkat-lens analyze`, `lkat-lens figures` and the explorer are thin front ends over a `Study` (see
+docs/architecture.md): it opens the checkpoint once (an lkat-lens file, or a reference state_dict with a variant),
+knows the model's parts through `lkat_lens.analyses.parts`, loads its seeded data sample on first use and computes
+every analysis once per key (block, layer, image, ...). No Dash and no figures in here.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass, replace
+from functools import cached_property
+from pathlib import Path
+from typing import Any, TypeVar
+
+import torch
+from torch import nn
+
+from .analyses import attention, attributions, edge_functions, gates, parts, probes, tokens
+from .analyses.attention import AttentionMatrices, ClsAttention, Rollout
+from .analyses.attributions import Attribution, FaithfulnessCurves
+from .analyses.edge_functions import EdgeCurves, EdgeFunctionSummary, EdgeImportance, LayerStatistics
+from .analyses.gates import GateStats
+from .analyses.probes import ProbeResults
+from .analyses.symbolic import SymbolicFitResult
+from .analyses.tokens import TokenNorms
+from .checkpoint import CheckpointInfo, load
+from .data import Sample, load_sample
+
+T = TypeVar("T")
+GATE_BLOCK_FIELDS = ("log_alpha", "log_alpha_quantiles", "head_log_alpha_quantiles", "hist_counts", "log_alpha_map")
+
+
+@dataclass(frozen=True)
+class StudyDefaults:
+    """Sample sizes and method settings every front end shares (their command-line options override them)."""
+
+    num_images: int = 64  # held-out images the statistics run over
+    probe_images: int = 256  # training images the linear probes are fitted on
+    attribution_images: int = 4  # images shown with attention and attribution maps
+    edges: int = 16  # edge functions per layer grid, most important first
+    method_settings: tuple[tuple[str, tuple[tuple[str, Any], ...]], ...] = (("gradient_shap", (("n_samples", 8),)),)
+
+    def settings(self, method: str) -> dict[str, Any]:
+        """Keyword arguments of an attribution method (Integrated Gradients picks its own steps)."""
+        return dict(dict(self.method_settings).get(method, ()))
+
+
+class Study:
+    """One model and its checkpoint metadata under study; every analysis result is computed once (thread-safe)."""
+
+    def __init__(
+        self,
+        model: nn.Module,
+        info: CheckpointInfo,
+        *,
+        data: str | None = None,
+        data_dir: str | os.PathLike = "data",
+        defaults: StudyDefaults = StudyDefaults(),
+    ) -> None:
+        if not info.data:
+            raise ValueError(f"{info.path} records no dataset or normalisation; pass a lkat-lens checkpoint")
+        self.model = model.eval()
+        self.info = info
+        self.path = Path(info.path)
+        self.defaults = defaults
+        self.data_source = {"name": data, "data_dir": data_dir}
+        self.class_names: list[str] = list(info.data.get("class_names") or [])
+        self._cache: dict[tuple, Any] = {}
+        self._lock = threading.RLock()
+        self.computed: list[tuple] = []
+
+    @classmethod
+    def open(
+        cls,
+        path: str | os.PathLike,
+        *,
+        variant: str | None = None,
+        data: str | None = None,
+        data_dir: str | os.PathLike = "data",
+        **defaults: Any,
+    ) -> Study:
+        """Load a checkpoint (or a reference state_dict with `variant`) and study it; keywords set StudyDefaults."""
+        model, info = load(path, variant=variant)
+        return cls(model, info, data=data, data_dir=data_dir, defaults=StudyDefaults(**defaults))
+
+    # ---------------------------------------------------------------------------------------------- parts
+
+    @property
+    def num_blocks(self) -> int:
+        """Number of transformer blocks."""
+        return len(self.model.blocks)
+
+    @property
+    def num_heads(self) -> int:
+        """Attention heads per block."""
+        return int(self.model.blocks[0].attn.num_heads)
+
+    @property
+    def num_parameters(self) -> int:
+        """Total parameter count."""
+        return sum(p.numel() for p in self.model.parameters())
+
+    @property
+    def grid_size(self) -> tuple[int, int]:
+        """The patch grid (rows, columns)."""
+        return parts.patch_grid(self.model)
+
+    @property
+    def patch_size(self) -> tuple[int, int]:
+        """The patch size (height, width)."""
+        return parts.patch_size(self.model)
+
+    @property
+    def token_layout(self) -> dict[str, slice]:
+        """Where the patches, registers and class token sit in the token sequence."""
+        return self.model.token_layout
+
+    @property
+    def has_kan(self) -> bool:
+        """Whether the model has RBF-KAN layers (edge-function analyses apply)."""
+        return bool(parts.kan_layers(self.model))
+
+    @property
+    def has_gates(self) -> bool:
+        """Whether the model has GLA forget gates (gate analyses apply)."""
+        return bool(parts.gla_blocks(self.model))
+
+    def block_layers(self, block: int) -> dict[str, str]:
+        """The block's KAN layers as short name ("fc1") -> module name."""
+        return parts.block_kan_layers(self.model, block)
+
+    def kan_layer(self, block: int, layer: str) -> nn.Module:
+        """One block's KAN layer module by short name."""
+        return parts.kan_layers(self.model)[self.block_layers(block)[layer]]
+
+    def class_name(self, index: int) -> str:
+        """A class's name (its index when the checkpoint names none)."""
+        return self.class_names[index] if index < len(self.class_names) else str(index)
+
+    # ----------------------------------------------------------------------------------------------- data
+
+    @cached_property
+    def sample(self) -> Sample:
+        """The seeded held-out sample every statistic runs over (loaded on first use)."""
+        return load_sample(self.info.data, "val", self.defaults.num_images, **self.data_source)
+
+    @cached_property
+    def probe_train(self) -> Sample:
+        """The seeded training-split sample the linear probes are fitted on."""
+        return load_sample(self.info.data, "train", self.defaults.probe_images, **self.data_source)
+
+    def images(self, image: int | slice) -> torch.Tensor:
+        """Sample images by index (one index keeps a batch dimension of 1)."""
+        index = slice(image, image + 1) if isinstance(image, int) else image
+        return self.sample.images[index]
+
+    @cached_property
+    def sample_top1(self) -> float:
+        """Top-1 accuracy on the sample, in percent."""
+        with torch.no_grad():
+            logits = self.model(self.sample.images)
+        return 100.0 * (logits.argmax(-1) == self.sample.labels).float().mean().item()
+
+    # -------------------------------------------------------------------------------------------- caching
+
+    def cached(self, key: tuple, compute: Callable[[], T]) -> T:
+        """The result stored under key, computed (once) on first use."""
+        with self._lock:
+            if key not in self._cache:
+                self._cache[key] = compute()
+                self.computed.append(key)
+            return self._cache[key]
+
+    # ------------------------------------------------------------------------------------ edge functions
+
+    def layer_statistics(self) -> dict[str, LayerStatistics]:
+        """Input/output statistics and grid coverage of every KAN layer on the sample."""
+        return self.cached(
+            ("layer_statistics",), lambda: edge_functions.layer_statistics(self.model, self.sample.images)
+        )
+
+    def edge_summary(self) -> EdgeFunctionSummary:
+        """Importance, coverage and top edges of every KAN layer (the report's edge-function section)."""
+        return self.cached(
+            ("edge_summary",), lambda: edge_functions.summarize_edge_functions(self.model, self.sample.images)
+        )
+
+    def edge_curves(self, block: int, layer: str) -> tuple[EdgeCurves, list[float], LayerStatistics]:
+        """The block layer's top edge curves, their importance and the layer statistics."""
+        name = self.block_layers(block)[layer]
+        stats = self.layer_statistics()[name]
+        module = self.kan_layer(block, layer)
+        curves, scores = self.cached(
+            ("edge_curves", name), lambda: edge_functions.top_edge_curves(module, stats, self.defaults.edges)
+        )
+        return curves, scores, stats
+
+    def edge_importance(self, block: int, layer: str) -> EdgeImportance:
+        """The block layer's edge importance (std of each edge function over the sample)."""
+        name = self.block_layers(block)[layer]
+        stats = self.layer_statistics()[name]
+        module = self.kan_layer(block, layer)
+        return self.cached(("edge_importance", name), lambda: edge_functions.edge_importance(module, stats))
+
+    def edge_fit(self, block: int, layer: str, edge: tuple[int, int]) -> tuple[EdgeCurves, SymbolicFitResult]:
+        """One edge's curve on the plotting grid and its symbolic fit (on the RBF grid's span)."""
+        module = self.kan_layer(block, layer)
+
+        def compute() -> tuple[EdgeCurves, SymbolicFitResult]:
+            return edge_functions.edge_curves(module, [edge]), edge_functions.fit_edge(module, edge)
+
+        return self.cached(("edge_fit", block, layer, edge), compute)
+
+    # --------------------------------------------------------------------------------- gates and tokens
+
+    def gate_statistics(self) -> GateStats | None:
+        """Forget-gate statistics of every GLA block, or None for a model without GLA gates."""
+        if not self.has_gates:
+            return None
+        return self.cached(("gates",), lambda: gates.gate_statistics(self.model, self.sample.images))
+
+    def block_gates(self, block: int) -> GateStats | None:
+        """The gate statistics restricted to one block, or None when the block has no GLA gate."""
+        stats = self.gate_statistics()
+        if stats is None or block not in stats.blocks:
+            return None
+        i = stats.blocks.index(block)
+        fields: dict[str, Any] = {f: getattr(stats, f)[i : i + 1] for f in GATE_BLOCK_FIELDS}
+        fields["log_alpha_by_type"] = {k: v[i : i + 1] for k, v in stats.log_alpha_by_type.items()}
+        return replace(stats, blocks=[block], **fields)
+
+    def token_norms(self) -> TokenNorms:
+        """Token norms across depth on the sample."""
+        return self.cached(("tokens",), lambda: tokens.token_norms(self.model, self.sample.images))
+
+    # ---------------------------------------------------------------------------------------- attention
+
+    def attention(self, block: int, image: int) -> AttentionMatrices:
+        """One block's attention matrices [1, 1, H, T, T] for one sample image (GLA: implicit attention)."""
+        return self.cached(
+            ("attention", block, image), lambda: attention.attention_matrices(self.model, self.images(image), [block])
+        )
+
+    def cls_attention(self, block: int, image: int) -> ClsAttention:
+        """Class-token attention of one block for one sample image (the class-token rows of `attention`)."""
+        found = self.attention(block, image)
+        rows = found.matrices[..., found.cls_index, :]
+        return ClsAttention(rows, found.blocks, found.kinds, found.layout, found.grid_size)
+
+    def cls_attention_maps(self) -> ClsAttention:
+        """Class-token attention of every block on the first `attribution_images` sample images."""
+        few = self.images(slice(0, self.defaults.attribution_images))
+        return self.cached(("cls_attention_maps",), lambda: attention.cls_attention(self.model, few))
+
+    def patch_attention(self, block: int, image: int, patch: int) -> torch.Tensor:
+        """What one patch token reads in one block: its attention row on the patches [H, gh, gw]."""
+        found = self.attention(block, image)
+        row = found.matrices[0, 0, :, found.layout["patches"].start + patch, found.layout["patches"]]
+        return row.unflatten(-1, found.grid_size)
+
+    def rollout(self, image: int | slice, method: str) -> Rollout:
+        """Attention rollout through every block ("attention" or "gradient") for sample image(s)."""
+        key = (image.start, image.stop) if isinstance(image, slice) else image
+        return self.cached(
+            ("rollout", key, method), lambda: attention.attention_rollout(self.model, self.images(image), method)
+        )
+
+    # ------------------------------------------------------------------------------------- attributions
+
+    def predictions(self, image: int, k: int = 5) -> list[tuple[str, float]]:
+        """The model's top-k classes and probabilities for one sample image."""
+        return self.cached(("predict", image, k), lambda: self.top_k(self.images(image), k))
+
+    @torch.no_grad()
+    def top_k(self, images: torch.Tensor, k: int = 5) -> list[tuple[str, float]]:
+        """The k most probable classes of one image [1, C, H, W] as (name, probability)."""
+        probs = self.model(images).float().softmax(-1)[0]
+        values, index = probs.topk(min(k, probs.numel()))
+        return [(self.class_name(i), v) for i, v in zip(index.tolist(), values.tolist(), strict=True)]
+
+    def attribute(self, images: torch.Tensor, method: str, target: int | None = None) -> Attribution:
+        """A method's attribution of a class (default: the predicted one), with the study's method settings."""
+        return attributions.attribute(self.model, images, method, target, **self.defaults.settings(method))
+
+    def attribution(self, image: int | slice, method: str, target: int | None = None) -> Attribution:
+        """A method's attribution for sample image(s), cached."""
+        key = (image.start, image.stop) if isinstance(image, slice) else image
+        return self.cached(
+            ("attribution", key, method, target), lambda: self.attribute(self.images(image), method, target)
+        )
+
+    def faithfulness_of(self, images: torch.Tensor, found: Attribution) -> FaithfulnessCurves:
+        """Deletion/insertion curves of an attribution over its images' patches (blurred replacement)."""
+        return attributions.deletion_insertion(self.model, images, found, target=found.target)
+
+    def faithfulness(self, image: int | slice, method: str, target: int | None = None) -> FaithfulnessCurves:
+        """Deletion/insertion curves of a sample attribution, cached."""
+        key = (image.start, image.stop) if isinstance(image, slice) else image
+        found = self.attribution(image, method, target)
+        return self.cached(
+            ("faithfulness", key, method, target), lambda: self.faithfulness_of(self.images(image), found)
+        )
+
+    # ------------------------------------------------------------------------------------------- probes
+
+    def probes(self) -> ProbeResults:
+        """Linear probes per depth, fitted on the training-split sample and scored on the held-out sample."""
+        return self.cached(
+            ("probes",),
+            lambda: probes.linear_probes(
+                self.model, self.probe_train.images, self.probe_train.labels, self.sample.images, self.sample.labels
+            ),
+        )
+
+    # --------------------------------------------------------------------------------------------- card
+
+    def card(self) -> dict[str, Any]:
+        """The model card: variant, architecture, parameters, data and accuracy, with readable values."""
+        return model_card(self.model, self.info)
+
+
+def model_card(model: nn.Module, info: CheckpointInfo) -> dict[str, Any]:
+    """Variant, architecture (depth, width, heads, KAN basis and grid), parameters, dataset and accuracy."""
+    kwargs = info.model_kwargs
+    kan = next(iter(parts.kan_layers(model).values()), None)
+    architecture: dict[str, Any] = {
+        "depth": len(model.blocks),
+        "width": int(getattr(model, "embed_dim", 0)) or None,
+        "heads": int(model.blocks[0].attn.num_heads),
+        "patch size": "×".join(str(s) for s in parts.patch_size(model)),
+        "image size": info.data.get("img_size"),
+        "attention": "GLA" if parts.gla_blocks(model) else "softmax",
+    }
+    if kan is not None:
+        rbf = kan.rbf
+        architecture["KAN basis"] = kwargs.get("kan_basis", "shared")
+        architecture["KAN grid"] = f"{rbf.num_grids} centres on [{rbf.grid_min:g}, {rbf.grid_max:g}]"
+    card: dict[str, Any] = {
+        "variant": info.model_name,
+        "architecture": architecture,
+        "parameters": f"{sum(p.numel() for p in model.parameters()):,}",
+        "dataset": info.data.get("name"),
+        "classes": len(info.data.get("class_names") or []) or None,
+    }
+    card |= training_summary(info)
+    if getattr(info, "provenance", None):
+        card["where each setting came from"] = dict(info.provenance)
+    return {k: v for k, v in card.items() if v is not None}
+
+
+def training_summary(info: CheckpointInfo) -> dict[str, Any]:
+    """Which epoch of how many this checkpoint holds, and its validation accuracy (last and best so far)."""
+    epochs = [m for m in info.metrics if "val_top1" in m]
+    if not epochs:
+        return {}
+    planned = (info.train.get("args") or {}).get("epochs")
+    last = epochs[-1]
+    best = max(epochs, key=lambda m: m["val_top1"])
+    held = f"epoch {last['epoch']}" + (f" of {planned}" if planned else "")
+    if best is last and len(epochs) > 1:
+        held += " (the best epoch so far)"
+    return {
+        "training": held,
+        "val top-1 (this epoch)": f"{last['val_top1']:.2f} %",
+        "val top-1 (best so far)": f"{best['val_top1']:.2f} % (epoch {best['epoch']})",
+    }
+
+
+def format_card(card: dict[str, Any], indent: str = "") -> str:
+    """The model card as aligned `key: value` lines (nested sections indented)."""
+    width = max(len(k) for k in card)
+    lines = []
+    for key, value in card.items():
+        if isinstance(value, dict):
+            lines += [f"{indent}{key}:", format_card(value, indent + "  ")]
+        else:
+            lines.append(f"{indent}{key + ':':<{width + 1}} {value}")
+    return "\n".join(lines)
