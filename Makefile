@@ -31,8 +31,8 @@ test: setup
 test-gpu: setup
 	$(BIN)/python -m pytest -q -m gpu tests/gpu $(ARGS)
 
-lint: setup
-	$(BIN)/ruff check . && $(BIN)/ruff format --check .
+lint: setup  # style, formatting and the layer contract (pyproject's [tool.importlinter], docs/architecture.md)
+	$(BIN)/ruff check . && $(BIN)/ruff format --check . && $(BIN)/lint-imports
 
 clean:
 	rm -rf $(VENV) build *.egg-info .pytest_cache

@@ -71,7 +71,7 @@ def save_checkpoint(
     metrics: list[dict[str, Any]] | None = None,
     **resume_state: Any,
 ) -> None:
-    """Write a DESIGN.md checkpoint atomically; `resume_state` holds optimizer/scheduler/scaler/rng/ema."""
+    """Write an lkat-lens checkpoint atomically; `resume_state` holds optimizer/scheduler/scaler/rng/ema."""
     payload = {
         "format": FORMAT,
         "model": {"name": model_name, "kwargs": dict(model_kwargs)},

@@ -14,7 +14,7 @@ DH = D // H
 
 
 def design_hook_shapes(depth: int) -> dict[str, tuple[int, ...]]:
-    """Every hook name of DESIGN.md with its documented shape for lkat_micro."""
+    """Every hook name of the README (Hook points) with its documented shape for lkat_micro."""
     shapes = {"hook_embed": (B, T, D), "hook_final": (B, T, D)}
     for i in range(depth):
         p = f"blocks.{i}."

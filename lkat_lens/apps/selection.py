@@ -183,7 +183,7 @@ def register(app: dash.Dash, state: ExplorerState) -> None:
                 current = replace(current, block=step_block(current.block, step, limits.blocks))
             elif trigger in graphs and clicks[graphs.index(trigger)]:
                 click = clicks[graphs.index(trigger)]
-                current = apply_click(current, trigger, click, ckpt.patch_size(), ckpt.grid_size)
+                current = apply_click(current, trigger, click, ckpt.patch_size, ckpt.grid_size)
             if trigger == EDGE_GRAPH and edge_click:
                 current = replace(
                     current, edge=clicked_edge(ckpt, current.block, current.layer, edge_click["points"][0])

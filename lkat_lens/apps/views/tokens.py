@@ -45,7 +45,7 @@ def token_figures(ckpt: CheckpointState, block: int, image: int, patch: int | No
     outliers = figures.patch_map_figure(
         norms.patch_maps[depth, image],
         ckpt.shown[image],
-        patch_size=ckpt.patch_size(),
+        patch_size=ckpt.patch_size,
         selected=patch,
         marked=norms.outlier_maps[depth, image],
         colorbar="L2 norm",
