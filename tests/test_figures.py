@@ -186,6 +186,9 @@ def test_cli_html_without_browser(digits_checkpoint, tmp_path, monkeypatch, caps
     runs = [tmp_path / "a", tmp_path / "b"]
     for out in runs:
         assert run_figures([*argv, "--format", "html", "--out", str(out)]) == 0
+        progress = capsys.readouterr().err  # the bar names each step, from the sample to the files written
+        for step in ["loading the data sample", "edge functions, block 1", "token norms", "writing"]:
+            assert step in progress, progress[-2000:]
     files = sorted(p.name for p in runs[0].iterdir())
     assert files == sorted([f"{n}.html" for n in _expected_names([1])] + ["index.html", "plotly.min.js"])
     for name in files:

@@ -46,7 +46,11 @@ def test_analyze_writes_every_analysis(digits_checkpoint, tmp_path, capsys):
     faith = report["attributions"]["faithfulness"]
     assert len(faith["deletion_auc"]) == 2 and all(0.0 <= a <= 1.0 for a in faith["deletion_auc"])
     assert len(report["tokens"]["mean_norm"]["patches"]) == depth + 1
-    assert "wrote" in capsys.readouterr().out
+    printed = capsys.readouterr()
+    assert "wrote" in printed.out
+    steps = ["loading the data sample", "KAN edge functions", "GLA forget gates", "class-token attention"]
+    steps += ["gradient rollout", "token norms", "Integrated Gradients", "linear probes"]
+    assert all(step in printed.err for step in steps), printed.err[-2000:]  # the progress bar names every step
     top = report["edge_functions"]["layers"]["blocks.0.mlp.fc1"]["top_edges"][0]
     assert set(top) == {"out", "in", "std"} and top["std"] > 0
     assert "majority-class" in report["probes"]["chance_rule"] and "tokens" in report["gates"]["half_life_unit"]
