@@ -1,0 +1,83 @@
+"""The Study: one checkpoint, its parts, sample and defaults; results equal the analyses called directly, once each."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from lkat_lens.analyses import attributions, edge_functions, gates, parts, tokens
+from lkat_lens.checkpoint import CheckpointInfo, load
+from lkat_lens.data import load_sample
+from lkat_lens.study import Study, StudyDefaults, format_card, training_summary
+
+
+@pytest.fixture(scope="module")
+def study(digits_checkpoint) -> Study:
+    return Study.open(digits_checkpoint, num_images=12, probe_images=24, attribution_images=2, edges=4)
+
+
+def test_parts_come_from_the_model(study):
+    model = study.model
+    assert study.num_blocks == len(model.blocks) == 4 and study.num_heads == 2
+    assert study.grid_size == (4, 4) and study.patch_size == (4, 4)
+    assert study.has_kan and study.has_gates
+    assert study.block_layers(2) == {"fc1": "blocks.2.mlp.fc1", "fc2": "blocks.2.mlp.fc2"}
+    assert study.kan_layer(2, "fc2") is model.blocks[2].mlp.fc2
+    assert parts.gla_blocks(model) == [0, 1, 2, 3] and parts.attention_kinds(model) == ["gla"] * 4
+
+
+def test_sample_is_the_seeded_eval_sample(study, digits_checkpoint):
+    info = load(digits_checkpoint)[1]
+    want = load_sample(info.data, "val", 12)
+    assert torch.equal(study.sample.images, want.images) and torch.equal(study.sample.labels, want.labels)
+    assert len(study.probe_train.labels) == 24
+
+
+def test_results_equal_the_analyses_called_directly(study):
+    images = study.sample.images
+    stats = edge_functions.layer_statistics(study.model, images)["blocks.1.mlp.fc1"]
+    curves, scores, cached_stats = study.edge_curves(1, "fc1")
+    torch.testing.assert_close(cached_stats.input_mean, stats.input_mean, rtol=0, atol=0)
+    want_curves, want_scores = edge_functions.top_edge_curves(study.kan_layer(1, "fc1"), stats, 4)
+    assert scores == want_scores and torch.equal(curves.values, want_curves.values)
+    assert torch.equal(study.gate_statistics().log_alpha, gates.gate_statistics(study.model, images).log_alpha)
+    assert torch.equal(study.token_norms().norms, tokens.token_norms(study.model, images).norms)
+    direct = attributions.attribute(study.model, images[:1], "saliency")
+    assert torch.equal(study.attribution(0, "saliency").pixel_map, direct.pixel_map)
+
+
+def test_each_result_is_computed_once(study):
+    first = study.edge_importance(0, "fc2")
+    count = len(study.computed)
+    assert study.edge_importance(0, "fc2") is first and len(study.computed) == count
+    assert study.block_gates(3).blocks == [3] and study.block_gates(3).log_alpha.shape[0] == 1
+
+
+def test_a_checkpoint_without_data_is_refused(study):
+    info = CheckpointInfo("ref.pth", "lkat_micro", {}, format="reference")
+    with pytest.raises(ValueError, match="records no dataset"):
+        Study(study.model, info)
+
+
+def test_defaults_are_shared_and_overridable():
+    assert StudyDefaults().settings("gradient_shap") == {"n_samples": 8}
+    assert StudyDefaults().settings("saliency") == {}
+    assert StudyDefaults(num_images=8).num_images == 8
+
+
+def test_card_names_the_architecture_and_the_epoch(study):
+    card = study.card()
+    assert card["variant"] == "lkat_micro" and card["architecture"]["depth"] == 4
+    assert card["architecture"]["KAN grid"] == "4 centres on [-2, 2]"
+    text = format_card(card)
+    assert "  KAN basis:  shared" in text and "\n" in text
+
+
+def test_training_summary_says_which_epoch_of_how_many():
+    metrics = [{"epoch": e, "val_top1": acc} for e, acc in [(1, 50.0), (2, 98.888888), (3, 97.5)]]
+    info = CheckpointInfo("best.pt", "lkat_micro", {}, train={"args": {"epochs": 30}}, metrics=metrics[:2])
+    summary = training_summary(info)
+    assert summary["training"] == "epoch 2 of 30 (the best epoch so far)"
+    assert summary["val top-1 (this epoch)"] == "98.89 %"
+    info.metrics = metrics
+    assert training_summary(info)["val top-1 (best so far)"] == "98.89 % (epoch 2)"
