@@ -4,6 +4,7 @@ import json
 
 import pytest
 import torch
+from tolerance import assert_close
 from torch import nn
 
 import lkat_lens
@@ -59,8 +60,8 @@ def test_integrated_gradients_completeness_on_lkat(lkat, images):
     total = attr.pixel_map.sum((1, 2))
     assert (gap.abs() > 0.05).all()
     assert ((total - gap).abs() <= 0.01 * gap.abs()).all(), (total, gap)
-    torch.testing.assert_close(attr.attributions.sum((1, 2, 3)), total)
-    torch.testing.assert_close(attr.patch_map.sum((1, 2)), total)
+    assert_close(attr.attributions.sum((1, 2, 3)), total)
+    assert_close(attr.patch_map.sum((1, 2)), total)
     assert attr.convergence_delta.abs().max() <= 0.01 * gap.abs().min()
     assert torch.equal(attr.target, lkat(images).argmax(-1))
     assert attr.attributions.shape == (B, C, IMG, IMG)
@@ -74,7 +75,7 @@ def test_integrated_gradients_default_baseline_is_zero_on_a_linear_model(images)
     attr = attribute(model, images, "integrated_gradients", patch_size=PATCH, n_steps=8)
     predicted = model(images).argmax(-1)
     assert torch.equal(attr.target, predicted)
-    torch.testing.assert_close(attr.attributions, images * weights[predicted])
+    assert_close(attr.attributions, images * weights[predicted])
     assert attr.convergence_delta.abs().max() < 1e-4
 
 
@@ -82,16 +83,16 @@ def test_saliency_is_the_target_logit_gradient(lkat, images):
     target = torch.tensor([3, 7])
     grad = target_logit_grad(lkat, images, target)
     signed = attribute(lkat, images, "saliency", target=target, abs=False)
-    torch.testing.assert_close(signed.attributions, grad, rtol=1e-5, atol=1e-7)
+    assert_close(signed.attributions, grad, rtol=1e-5, atol=1e-7)
     default = attribute(lkat, images, "saliency", target=target)
-    torch.testing.assert_close(default.attributions, grad.abs(), rtol=1e-5, atol=1e-7)
+    assert_close(default.attributions, grad.abs(), rtol=1e-5, atol=1e-7)
     assert torch.equal(default.target, target) and default.convergence_delta is None
 
 
 def test_input_x_gradient_is_input_times_gradient(lkat, images):
     grad = target_logit_grad(lkat, images, torch.tensor([5, 5]))
     attr = attribute(lkat, images, "input_x_gradient", target=5)
-    torch.testing.assert_close(attr.attributions, images * grad, rtol=1e-5, atol=1e-7)
+    assert_close(attr.attributions, images * grad, rtol=1e-5, atol=1e-7)
 
 
 def test_occlusion_on_a_one_patch_model_attributes_only_that_patch(images):
@@ -100,23 +101,24 @@ def test_occlusion_on_a_one_patch_model_attributes_only_that_patch(images):
     read = (images * w).sum((1, 2, 3))  # the logit drop when the patch is replaced by zeros
     expected = torch.zeros(B, GRID, GRID)
     expected[:, 1, 2] = C * PATCH * PATCH * read  # captum gives every element of the window the drop
-    torch.testing.assert_close(attr.patch_map, expected)
-    outside = 1 - patch_mask(1, 2)
-    assert torch.equal(attr.attributions * outside, torch.zeros_like(images))
+    assert_close(attr.patch_map, expected)
+    outside = 1 - patch_mask(1, 2)  # windows that miss the patch change the logit only by float32 rounding
+    rounding = 1e-5 * attr.attributions.abs().max().item()
+    assert_close(attr.attributions * outside, torch.zeros_like(images), rtol=0, atol=rounding)
 
 
 def test_gradient_shap_and_smoothgrad_on_a_linear_model(images):
     weights = torch.randn(2, C, IMG, IMG, generator=torch.Generator().manual_seed(4))
     model = linear_model(weights)
     shap = attribute(model, images, "gradient_shap", target=1, patch_size=PATCH, n_samples=4)
-    torch.testing.assert_close(shap.attributions, images * weights[1])  # zero baseline, no noise
+    assert_close(shap.attributions, images * weights[1])  # zero baseline, no noise
     assert shap.convergence_delta.shape == (B * 4,)
     smooth = attribute(model, images, "smoothgrad", target=1, patch_size=PATCH, nt_samples=4)
-    torch.testing.assert_close(smooth.attributions, weights[1].abs().expand(B, -1, -1, -1))
+    assert_close(smooth.attributions, weights[1].abs().expand(B, -1, -1, -1))
     smooth_ig = attribute(
         model, images, "smoothgrad", target=1, patch_size=PATCH, smooth_over="integrated_gradients", stdevs=1e-12
     )
-    torch.testing.assert_close(smooth_ig.attributions, images * weights[1])
+    assert_close(smooth_ig.attributions, images * weights[1])
 
 
 def test_every_method_runs_on_lkat_and_keeps_the_training_flag(lkat, images):
@@ -136,10 +138,10 @@ def test_every_method_runs_on_lkat_and_keeps_the_training_flag(lkat, images):
 def test_passes_of_bounded_size_give_the_single_pass_result(lkat, images):
     chunked = attribute(lkat, images, "integrated_gradients", n_steps=40)  # 2 passes of 64 path points
     single = attribute(lkat, images, "integrated_gradients", n_steps=40, internal_batch_size=80)
-    torch.testing.assert_close(chunked.attributions, single.attributions, rtol=1e-4, atol=1e-6)
+    assert_close(chunked.attributions, single.attributions, rtol=1e-4, atol=1e-6)
     grouped = attribute(lkat, images, "occlusion")  # 16 patches occluded in one pass
     one_by_one = attribute(lkat, images, "occlusion", perturbations_per_eval=1)
-    torch.testing.assert_close(grouped.attributions, one_by_one.attributions, rtol=1e-4, atol=1e-6)
+    assert_close(grouped.attributions, one_by_one.attributions, rtol=1e-4, atol=1e-6)
     noisy_ig = attribute(lkat, images, "smoothgrad", smooth_over="integrated_gradients", nt_samples=2, n_steps=4)
     assert noisy_ig.attributions.shape == images.shape and torch.isfinite(noisy_ig.attributions).all()
 
@@ -147,8 +149,8 @@ def test_passes_of_bounded_size_give_the_single_pass_result(lkat, images):
 def test_pixel_and_patch_maps_sum_exactly():
     raw = torch.arange(B * C * IMG * IMG, dtype=torch.float64).reshape(B, C, IMG, IMG) - 700.0
     pixels = pixel_map(raw, "sum")
-    torch.testing.assert_close(pixels, raw[:, 0] + raw[:, 1] + raw[:, 2])
-    torch.testing.assert_close(pixel_map(raw, "abs_sum"), raw.abs().sum(1))
+    assert_close(pixels, raw[:, 0] + raw[:, 1] + raw[:, 2])
+    assert_close(pixel_map(raw, "abs_sum"), raw.abs().sum(1))
     patches = patch_map(pixels, PATCH)
     assert patches.shape == (B, GRID, GRID)
     assert patches[1, 2, 3] == pixels[1, 8:12, 12:16].sum()
@@ -162,7 +164,7 @@ def test_pixel_and_patch_maps_sum_exactly():
 def test_curve_auc_is_the_trapezoid_rule():
     fractions = torch.tensor([0.0, 0.25, 0.5, 1.0])
     values = torch.tensor([[1.0, 0.5, 0.5, 0.0], [1.0, 1.0, 1.0, 1.0]])
-    torch.testing.assert_close(curve_auc(fractions, values), torch.tensor([0.4375, 1.0]))
+    assert_close(curve_auc(fractions, values), torch.tensor([0.4375, 1.0]))
 
 
 def test_deletion_of_a_perfect_attribution_drops_first():
@@ -177,13 +179,13 @@ def test_deletion_of_a_perfect_attribution_drops_first():
     expected_deletion[:, 0] = p_full
     expected_insertion = torch.full((B, steps + 1), p_full.item())
     expected_insertion[:, 0] = 0.5
-    torch.testing.assert_close(curves.fractions, torch.arange(steps + 1) / steps)
-    torch.testing.assert_close(curves.deletion, expected_deletion)
-    torch.testing.assert_close(curves.insertion, expected_insertion)
-    torch.testing.assert_close(curves.deletion_auc, torch.full((B,), 0.5 + (p_full.item() - 0.5) / (2 * steps)))
+    assert_close(curves.fractions, torch.arange(steps + 1) / steps)
+    assert_close(curves.deletion, expected_deletion)
+    assert_close(curves.insertion, expected_insertion)
+    assert_close(curves.deletion_auc, torch.full((B,), 0.5 + (p_full.item() - 0.5) / (2 * steps)))
     worst = 1.0 - perfect  # the patch that matters comes last
     late = deletion_insertion(model, images, worst, steps, replacement="zeros", target=0, patch_size=PATCH)
-    torch.testing.assert_close(late.deletion[:, :-1], torch.full((B, steps), p_full.item()))
+    assert_close(late.deletion[:, :-1], torch.full((B, steps), p_full.item()))
     assert (late.deletion_auc > curves.deletion_auc + 0.4).all()
     assert (late.insertion_auc < curves.insertion_auc - 0.4).all()
 
@@ -196,11 +198,11 @@ def test_deletion_insertion_end_points_on_lkat(lkat, images):
     for unit, steps in (("patch", 4), ("pixel", 8)):
         curves = deletion_insertion(lkat, images, attr, steps, unit=unit, batch_size=5)
         assert curves.deletion.shape == curves.insertion.shape == (B, steps + 1)
-        torch.testing.assert_close(curves.deletion[:, 0], p_image)
-        torch.testing.assert_close(curves.insertion[:, -1], p_image)
-        torch.testing.assert_close(curves.deletion[:, -1], p_blur)
-        torch.testing.assert_close(curves.insertion[:, 0], p_blur)
-        torch.testing.assert_close(curves.deletion_auc, curve_auc(curves.fractions, curves.deletion))
+        assert_close(curves.deletion[:, 0], p_image)
+        assert_close(curves.insertion[:, -1], p_image)
+        assert_close(curves.deletion[:, -1], p_blur)
+        assert_close(curves.insertion[:, 0], p_blur)
+        assert_close(curves.deletion_auc, curve_auc(curves.fractions, curves.deletion))
         assert json.loads(json.dumps(curves.to_dict()))["unit"] == unit
 
 
@@ -208,8 +210,8 @@ def test_patch_deletion_follows_the_pixel_map_order(lkat, images):
     attr = attribute(lkat, images, "input_x_gradient", reduction="abs_sum")
     from_attr = deletion_insertion(lkat, images, attr, 4, replacement="mean")
     from_pixels = deletion_insertion(lkat, images, attr.pixel_map, 4, replacement="mean", target=attr.target)
-    torch.testing.assert_close(from_attr.deletion, from_pixels.deletion)
-    torch.testing.assert_close(from_attr.insertion, from_pixels.insertion)
+    assert_close(from_attr.deletion, from_pixels.deletion)
+    assert_close(from_attr.insertion, from_pixels.insertion)
 
 
 def test_model_patch_size_and_errors(lkat, images):

@@ -10,6 +10,7 @@ import torch
 import torch.nn.functional as F
 from timm.models.mlp_mixer import MlpMixer
 from timm.models.vision_transformer import VisionTransformer
+from tolerance import assert_close
 from torch import nn
 
 from lkat_lens.models.baselines import HookedTimm, attach_hook_points
@@ -138,7 +139,7 @@ def test_axial_rope_rotates_pairs_by_row_then_column():
     side, dh, theta = 3, 16, 100.0
     rope = AxialRope2D(dh, side, theta)
     j = torch.arange(dh // 4, dtype=torch.float64)
-    torch.testing.assert_close(rope.freqs.double(), theta ** (-4 * j / dh), rtol=1e-6, atol=0)
+    assert_close(rope.freqs.double(), theta ** (-4 * j / dh), rtol=1e-6, atol=0)
     x = torch.randn(2, side * side, 3, dh, dtype=torch.float64)
     z = torch.complex(x[..., 0::2], x[..., 1::2])  # channel pairs as complex numbers [.., dh/2]
     row = torch.arange(side * side, dtype=torch.float64) // side
@@ -146,7 +147,7 @@ def test_axial_rope_rotates_pairs_by_row_then_column():
     angle = torch.cat([row[:, None] * theta ** (-4 * j / dh), col[:, None] * theta ** (-4 * j / dh)], dim=-1)
     want = torch.view_as_real(z * torch.polar(torch.ones_like(angle), angle)[:, None]).flatten(-2)
     got = rope(x.float()).double()
-    torch.testing.assert_close(got, want, rtol=0, atol=2e-6)
+    assert_close(got, want, rtol=0, atol=2e-6)
 
 
 def test_vit5_hook_names_and_shapes(vit5, images):
@@ -159,8 +160,8 @@ def test_vit5_hook_names_and_shapes(vit5, images):
         want[p + "attn.hook_pattern"] = (B, H, T, T)
     assert set(vit5.list_hooks()) == set(want)
     assert {k: tuple(v.shape) for k, v in cache.items()} == want
-    torch.testing.assert_close(logits, vit5(images), rtol=0, atol=1e-5)  # hook_pattern: explicit P @ v
-    torch.testing.assert_close(cache["hook_final"][:, 0] @ vit5.head.weight.T + vit5.head.bias, logits)
+    assert_close(logits, vit5(images), rtol=0, atol=1e-5)  # hook_pattern: explicit P @ v
+    assert_close(cache["hook_final"][:, 0] @ vit5.head.weight.T + vit5.head.bias, logits)
 
 
 def test_vit5_noop_hooks_keep_logits(vit5, images):
@@ -168,7 +169,7 @@ def test_vit5_noop_hooks_keep_logits(vit5, images):
     with vit5.hooks(fwd_hooks=[(lambda n: not n.endswith("hook_pattern"), lambda t, hook: None)]):
         assert torch.equal(vit5(images), plain)
     with vit5.hooks(fwd_hooks=[(lambda n: True, lambda t, hook: None)]):
-        torch.testing.assert_close(vit5(images), plain, rtol=0, atol=1e-5)
+        assert_close(vit5(images), plain, rtol=0, atol=1e-5)
 
 
 def test_vit5_pattern_gradients_satisfy_the_value_identity(vit5, images):
@@ -180,7 +181,7 @@ def test_vit5_pattern_gradients_satisfy_the_value_identity(vit5, images):
         # o = P v is linear in v_s, so sum_t dP[t, s] P[t, s] = sum_d dv_s[d] v_s[d] (P is used in the forward)
         want = (dv * v).sum(-1).transpose(1, 2)
         assert want.abs().max() > 1e-3
-        torch.testing.assert_close((dp * p).sum(-2), want, rtol=1e-4, atol=1e-7)
+        assert_close((dp * p).sum(-2), want, rtol=1e-4, atol=1e-7)
 
 
 def test_vit5_token_layout_cls_first_registers_last(vit5, images):
@@ -189,25 +190,25 @@ def test_vit5_token_layout_cls_first_registers_last(vit5, images):
     embed = cache["hook_embed"]
     assert torch.equal(embed[:, 0], vit5.cls_token[0, 0].detach().expand(B, D))
     assert torch.equal(embed[:, 1 + N :], vit5.reg_token.detach().expand(B, R, D))
-    torch.testing.assert_close(embed[:, 1 : 1 + N], vit5.patch_embed(images) + vit5.pos_embed, rtol=0, atol=0)
+    assert_close(embed[:, 1 : 1 + N], vit5.patch_embed(images) + vit5.pos_embed, rtol=0, atol=0)
 
 
 def test_vit5_pattern_and_block_reproduce_the_forward(vit5, images):
     _, cache = vit5.run_with_cache(images, names="blocks.1.")
     pattern, q, k, v = (cache[f"blocks.1.attn.hook_{n}"] for n in ("pattern", "q", "k", "v"))
-    torch.testing.assert_close(pattern.sum(-1), torch.ones(B, H, T), rtol=0, atol=1e-6)
+    assert_close(pattern.sum(-1), torch.ones(B, H, T), rtol=0, atol=1e-6)
     scores = torch.einsum("bthd,bshd->bhts", q, k) * DH**-0.5
-    torch.testing.assert_close(pattern, scores.softmax(-1))
+    assert_close(pattern, scores.softmax(-1))
     attn, block = vit5.blocks[1].attn, vit5.blocks[1]
     mixed = torch.einsum("bhts,bshd->bthd", pattern, v).flatten(-2)
-    torch.testing.assert_close(attn.proj(mixed), cache["blocks.1.attn.hook_out"], rtol=1e-5, atol=1e-6)
+    assert_close(attn.proj(mixed), cache["blocks.1.attn.hook_out"], rtol=1e-5, atol=1e-6)
     pre, mid = cache["blocks.1.hook_resid_pre"], cache["blocks.1.hook_resid_mid"]
-    torch.testing.assert_close(mid, pre + block.gamma_1 * cache["blocks.1.attn.hook_out"])
-    torch.testing.assert_close(cache["blocks.1.hook_resid_post"], mid + block.gamma_2 * block.mlp(block.norm2(mid)))
+    assert_close(mid, pre + block.gamma_1 * cache["blocks.1.attn.hook_out"])
+    assert_close(cache["blocks.1.hook_resid_post"], mid + block.gamma_2 * block.mlp(block.norm2(mid)))
     # q/k: RMS-normalised heads, then RoPE (a rotation: keeps each head's norm) on patches and registers only.
     pre_rope = attn.q_norm(attn.qkv(block.norm1(pre)).unflatten(-1, (3, H, DH))[:, :, 0])
-    torch.testing.assert_close(q[:, 0], pre_rope[:, 0], rtol=0, atol=0)
-    torch.testing.assert_close(q.norm(dim=-1), pre_rope.norm(dim=-1))
+    assert_close(q[:, 0], pre_rope[:, 0], rtol=0, atol=0)
+    assert_close(q.norm(dim=-1), pre_rope.norm(dim=-1))
     assert not torch.allclose(q[:, 1:], pre_rope[:, 1:])
 
 
@@ -226,11 +227,11 @@ def test_vit5_pattern_patching_replaces_or_edits_attention(vit5, images):
             _, patched = vit5.run_with_cache(images, names="blocks.0.attn.hook_out")
             with torch.inference_mode():
                 _, inference = vit5.run_with_cache(images, names="blocks.0.attn.hook_out")
-        torch.testing.assert_close(patched["blocks.0.attn.hook_out"], want)
-        torch.testing.assert_close(inference["blocks.0.attn.hook_out"], want)
+        assert_close(patched["blocks.0.attn.hook_out"], want)
+        assert_close(inference["blocks.0.attn.hook_out"], want)
     with torch.inference_mode():
         logits, cache = vit5.run_with_cache(images)
-    torch.testing.assert_close(logits, vit5(images), rtol=0, atol=1e-5)
+    assert_close(logits, vit5(images), rtol=0, atol=1e-5)
     assert len(cache) == len(vit5.list_hooks())
 
 
@@ -296,8 +297,8 @@ def test_attach_keeps_weights_outputs_and_timm_type(build, timm_images):
     with model.hooks(fwd_hooks=[(lambda n: not n.endswith("hook_pattern"), lambda t, hook: None)]):
         assert torch.equal(model(timm_images), plain)
     logits, cache = model.run_with_cache(timm_images)  # hook_pattern (ViT): explicit P @ v
-    torch.testing.assert_close(logits, plain, rtol=0, atol=1e-5)
-    torch.testing.assert_close(model.forward_head(cache["hook_final"]), logits, rtol=0, atol=0)
+    assert_close(logits, plain, rtol=0, atol=1e-5)
+    assert_close(model.forward_head(cache["hook_final"]), logits, rtol=0, atol=0)
 
 
 def test_hooked_vit_names_shapes_and_layout(timm_images):
@@ -329,14 +330,14 @@ def test_hooked_vit_pattern_reproduces_attention_output(timm_images):
         cache["blocks.1.attn.hook_out"],
         cache["blocks.1.hook_resid_pre"],
     )
-    torch.testing.assert_close(pattern.sum(-1), torch.ones(B, 2, t), rtol=0, atol=1e-6)
+    assert_close(pattern.sum(-1), torch.ones(B, 2, t), rtol=0, atol=1e-6)
     block = model.blocks[1]
     q, k, v = block.attn.qkv(block.norm1(pre)).unflatten(-1, (3, 2, 16)).unbind(2)
-    torch.testing.assert_close(pattern, torch.einsum("bthd,bshd->bhts", q, k).mul(16**-0.5).softmax(-1))
+    assert_close(pattern, torch.einsum("bthd,bshd->bhts", q, k).mul(16**-0.5).softmax(-1))
     mixed = torch.einsum("bhts,bshd->bthd", pattern, v).flatten(-2)
-    torch.testing.assert_close(block.attn.proj(mixed), out, rtol=1e-5, atol=1e-6)
+    assert_close(block.attn.proj(mixed), out, rtol=1e-5, atol=1e-6)
     mid = pre + out
-    torch.testing.assert_close(cache["blocks.1.hook_resid_post"], mid + block.mlp(block.norm2(mid)))
+    assert_close(cache["blocks.1.hook_resid_post"], mid + block.mlp(block.norm2(mid)))
 
 
 def test_hooked_vit_patching_changes_the_forward(timm_images):
@@ -348,7 +349,7 @@ def test_hooked_vit_patching_changes_the_forward(timm_images):
     with model.hooks(fwd_hooks=[("blocks.0.attn.hook_pattern", uniform)]):
         _, patched = model.run_with_cache(timm_images, names=["blocks.0.attn.hook_out"])
     want = block.attn.proj(v.mean(1, keepdim=True).flatten(-2)).expand(B, 17, 32)
-    torch.testing.assert_close(patched["blocks.0.attn.hook_out"], want)
+    assert_close(patched["blocks.0.attn.hook_out"], want)
     zero = lambda x, hook: torch.zeros_like(x)  # noqa: E731
     with model.hooks(fwd_hooks=[("blocks.0.hook_resid_post", zero)]):
         _, patched = model.run_with_cache(timm_images, names=["blocks.1.hook_resid_pre"])
@@ -356,7 +357,7 @@ def test_hooked_vit_patching_changes_the_forward(timm_images):
     with model.hooks(fwd_hooks=[("blocks.1.hook_resid_pre", zero)]):
         _, patched = model.run_with_cache(timm_images, names=["blocks.1.attn.hook_out"])
     second = model.blocks[1]
-    torch.testing.assert_close(patched["blocks.1.attn.hook_out"], second.attn(second.norm1(torch.zeros(B, 17, 32))))
+    assert_close(patched["blocks.1.attn.hook_out"], second.attn(second.norm1(torch.zeros(B, 17, 32))))
 
 
 def test_hooked_mixer_names_and_layout(timm_images):

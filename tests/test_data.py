@@ -11,6 +11,7 @@ import pytest
 import torch
 from PIL import Image
 from sklearn.datasets import load_digits
+from tolerance import assert_close
 from torchvision import transforms
 from torchvision.datasets import CIFAR10, CIFAR100
 
@@ -170,7 +171,7 @@ def test_eval_transform_resizes_then_center_crops():
     img = Image.fromarray(np.full((32, 32, 3), 191, dtype=np.uint8))
     out = tf(img)
     assert out.shape == (3, 224, 224)
-    torch.testing.assert_close(out, torch.full((3, 224, 224), (191 / 255 - 0.5) / 0.25), atol=1e-6, rtol=0)
+    assert_close(out, torch.full((3, 224, 224), (191 / 255 - 0.5) / 0.25), atol=1e-6, rtol=0)
 
 
 def test_eval_transform_for_checkpoint_data():
@@ -182,7 +183,7 @@ def test_eval_transform_for_checkpoint_data():
         "interpolation": "bicubic",
     }
     out = lkdata.eval_transform_for(info)(Image.fromarray(np.zeros((8, 8, 3), dtype=np.uint8)))
-    torch.testing.assert_close(out, torch.full((3, 16, 16), -0.75), atol=1e-6, rtol=0)
+    assert_close(out, torch.full((3, 16, 16), -0.75), atol=1e-6, rtol=0)
 
 
 def test_train_transform_without_randomness_is_resize_and_normalise():
@@ -198,4 +199,4 @@ def test_train_transform_without_randomness_is_resize_and_normalise():
         re_scale=(0.02, 0.1),
     )
     img = Image.fromarray(np.full((8, 8, 3), 255, dtype=np.uint8))
-    torch.testing.assert_close(tf(img), torch.ones(3, 16, 16))
+    assert_close(tf(img), torch.ones(3, 16, 16))

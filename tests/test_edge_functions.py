@@ -9,6 +9,7 @@ import pytest
 import timm
 import torch
 import torch.nn.functional as F
+from tolerance import assert_allclose, assert_close
 
 from lkat_lens.analyses.edge_functions import (
     LayerMoments,
@@ -80,10 +81,10 @@ def test_edge_curves_equal_the_analytic_rbf_sum(basis):
     assert curves.x[0] == pytest.approx(-1.5 - 2 * h) and curves.x[-1] == pytest.approx(2.5 + 2 * h)
     assert curves.edges.tolist() == [[q, p] for q in range(2) for p in range(3)]
     expected = edge_coefficients(layer).reshape(6, 5) @ gaussians(x, -1.5, 2.5, 5).T
-    np.testing.assert_allclose(curves.values.numpy(), expected, rtol=0, atol=1e-6)
+    assert_allclose(curves.values.numpy(), expected, rtol=0, atol=1e-6)
     base_w = layer.base_linear.weight.detach().double().numpy().reshape(6)
     silu = x / (1 + np.exp(-x))
-    np.testing.assert_allclose(curves.base_values.numpy(), base_w[:, None] * silu[None], rtol=0, atol=1e-6)
+    assert_allclose(curves.base_values.numpy(), base_w[:, None] * silu[None], rtol=0, atol=1e-6)
     assert curves.gated is not None and "not edge-separable" in curves.note
     assert curves.gated.weight_norm == pytest.approx(float(layer.gat_resid.weight.detach().double().norm()))
     if basis == "edge":
@@ -92,7 +93,7 @@ def test_edge_curves_equal_the_analytic_rbf_sum(basis):
         rows = 1 if basis == "shared" else 3
         assert curves.factor_curves.shape == (rows, x.size)
         factor = curves.factor_curves[curves.edges[:, 1] if basis == "channel" else 0]
-        torch.testing.assert_close(curves.scales[:, None] * factor, curves.values, rtol=0, atol=1e-12)
+        assert_close(curves.scales[:, None] * factor, curves.values, rtol=0, atol=1e-12)
     if basis == "shared":
         assert "one shape" in curves.note
 
@@ -106,7 +107,7 @@ def test_edge_curves_sum_to_the_layer_output(basis):
         curves = edge_curves(layer, [(q, p) for q in range(4)], x=x[:, p])
         total += curves.total.T
     total += curves.base_bias
-    torch.testing.assert_close(total.float(), layer(x.float()), rtol=1e-5, atol=1e-5)
+    assert_close(total.float(), layer(x.float()), rtol=1e-5, atol=1e-5)
 
 
 def test_edge_curves_never_expand_a_large_layer_unasked():
@@ -215,19 +216,19 @@ def test_importance_from_streaming_moments_equals_brute_force(basis, extras):
     stats = layer_statistics(layer, x)["layer"]
     imp = edge_importance(layer, stats)
     ref = brute_force_edge_std(layer, x)
-    torch.testing.assert_close(imp.spline_std, ref["spline"], rtol=1e-6, atol=1e-12)
-    torch.testing.assert_close(imp.edge_std, ref["total"], rtol=1e-6, atol=1e-12)
+    assert_close(imp.spline_std, ref["spline"], rtol=1e-6, atol=1e-12)
+    assert_close(imp.edge_std, ref["total"], rtol=1e-6, atol=1e-12)
     if extras:
-        torch.testing.assert_close(imp.base_std, ref["base"], rtol=1e-6, atol=1e-12)
-        torch.testing.assert_close(stats.gated_std, ref["gated"], rtol=1e-5, atol=1e-9)
+        assert_close(imp.base_std, ref["base"], rtol=1e-6, atol=1e-12)
+        assert_close(stats.gated_std, ref["gated"], rtol=1e-5, atol=1e-9)
     else:
         assert imp.base_std is None and stats.gated_std is None
-    torch.testing.assert_close(stats.output_std, layer(x).double().std(0), rtol=1e-5, atol=1e-7)
+    assert_close(stats.output_std, layer(x).double().std(0), rtol=1e-5, atol=1e-7)
     assert stats.count == 999
     # the same statistics when the samples arrive in several uneven batches
     batches = list(x.split([1, 400, 98, 500]))
     streamed = edge_importance(layer, layer_statistics(layer, iter(batches))["layer"])
-    torch.testing.assert_close(streamed.edge_std, imp.edge_std, rtol=1e-12, atol=1e-15)
+    assert_close(streamed.edge_std, imp.edge_std, rtol=1e-12, atol=1e-15)
     assert imp.top_edges(1)[0][:2] == tuple(divmod(int(ref["total"].argmax()), 5))
     assert imp.top_inputs(5)[0][0] == int(ref["total"].sum(0).argmax())
 
@@ -238,7 +239,7 @@ def test_importance_is_robust_to_a_large_input_offset():
     acc = LayerMoments(layer)
     acc.update(x, torch.zeros(500, 2), x_raw=x)
     ref = brute_force_edge_std(layer, x)
-    torch.testing.assert_close(edge_importance(layer, acc.statistics()).base_std, ref["base"], rtol=1e-6, atol=0)
+    assert_close(edge_importance(layer, acc.statistics()).base_std, ref["base"], rtol=1e-6, atol=0)
 
 
 def pykan_attribute(importances, eps):
@@ -263,7 +264,7 @@ def test_attribution_matches_pykans_recipe(eps):
     attr = kan_attribution(imps, eps=eps)
     ref_nodes, ref_edges = pykan_attribute(imps, eps)
     for got, ref in zip(attr.node_scores + attr.edge_scores, ref_nodes + ref_edges, strict=True):
-        torch.testing.assert_close(got, ref, rtol=1e-12, atol=1e-15)
+        assert_close(got, ref, rtol=1e-12, atol=1e-15)
     assert attr.node_scores[-1].tolist() == [0.25] * 4
     assert attr.top_inputs(1)[0][0] == int(ref_nodes[0].argmax())
     assert attr.top_edges(0, 1)[0][:2] == tuple(divmod(int(ref_edges[0].argmax()), 4))
@@ -354,13 +355,13 @@ def test_statistics_of_a_model_match_its_cached_activations(small_lkat):
     block = small_lkat.blocks[1]
     raw = block.norm2(cache["blocks.1.hook_resid_mid"]).reshape(-1, 16)
     layer = block.mlp.fc1
-    torch.testing.assert_close(layer.layernorm(raw), cache["blocks.1.mlp.fc1.hook_in"].reshape(-1, 16))
+    assert_close(layer.layernorm(raw), cache["blocks.1.mlp.fc1.hook_in"].reshape(-1, 16))
     imp = edge_importance(layer, stats["blocks.1.mlp.fc1"])
     ref = brute_force_edge_std(layer, raw)
-    torch.testing.assert_close(imp.edge_std, ref["total"], rtol=1e-5, atol=1e-9)
-    torch.testing.assert_close(imp.base_std, ref["base"], rtol=1e-5, atol=1e-9)
+    assert_close(imp.edge_std, ref["total"], rtol=1e-5, atol=1e-9)
+    assert_close(imp.base_std, ref["base"], rtol=1e-5, atol=1e-9)
     out = cache["blocks.1.mlp.fc2.hook_out"].reshape(-1, 16).double()
-    torch.testing.assert_close(stats["blocks.1.mlp.fc2"].output_std, out.std(0), rtol=1e-5, atol=1e-9)
+    assert_close(stats["blocks.1.mlp.fc2"].output_std, out.std(0), rtol=1e-5, atol=1e-9)
     assert stats["blocks.0.mlp.fc2"].count == 4 * 21
 
 

@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 import torch
 from PIL import Image
+from tolerance import assert_allclose
 from tqdm.auto import tqdm
 
 from lkat_lens import figures, figures_cli
@@ -41,9 +42,9 @@ def test_edge_curve_figure_holds_the_curves(lkat, stats):
         shade, curve, centers = fig.data[3 * e : 3 * e + 3]
         np.testing.assert_array_equal(curve.y, expected.values[e].numpy())
         np.testing.assert_array_equal(curve.x, expected.x.numpy())
-        np.testing.assert_allclose(centers.x, torch.linspace(rbf.grid_min, rbf.grid_max, rbf.num_grids).numpy())
+        assert_allclose(centers.x, torch.linspace(rbf.grid_min, rbf.grid_max, rbf.num_grids).numpy())
         heights = np.asarray(shade.y)
-        np.testing.assert_allclose(heights / heights.max(), (counts / counts.max()).numpy(), rtol=1e-12)
+        assert_allclose(heights / heights.max(), (counts / counts.max()).numpy(), rtol=1e-12)
         axis = fig.layout[f"xaxis{'' if e == 0 else e + 1}"]
         assert list(axis.range) == pytest.approx(grid_range, abs=1e-12)
     assert scores == sorted(scores, reverse=True)
@@ -89,7 +90,7 @@ def test_token_norm_figure(lkat, images):
     fig = figures.token_norm_figure(norms)
     groups = norms.group_norms()
     assert [t.name for t in fig.data] == [*groups, "patch median", "outlier threshold"]
-    np.testing.assert_allclose(fig.data[0].y, groups["patches"].double().mean((1, 2)).numpy(), rtol=1e-12)
+    assert_allclose(fig.data[0].y, groups["patches"].double().mean((1, 2)).numpy(), rtol=1e-12)
     np.testing.assert_array_equal(fig.data[-1].y, norms.thresholds.numpy())
 
 
@@ -101,7 +102,7 @@ def test_map_figures_hold_attention_and_attributions(lkat, images):
     n_blocks = len(cls.blocks)
     assert len(fig.data) == 2 * (1 + 2 * n_blocks)
     heat = fig.data[2]  # image 0: image, then block 0's image and heatmap
-    np.testing.assert_allclose(heat.z, cls.patch_maps[0, 0].double().mean(0).numpy(), rtol=1e-12)
+    assert_allclose(heat.z, cls.patch_maps[0, 0].double().mean(0).numpy(), rtol=1e-12)
     assert (heat.x0, heat.dx) == (1.5, 4)
     ig = attributions.attribute(lkat, images, "integrated_gradients", n_steps=8)
     fig = figures.attribution_figure(ig, shown)

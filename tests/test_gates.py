@@ -8,6 +8,7 @@ import math
 import numpy as np
 import pytest
 import torch
+from tolerance import assert_close
 
 from lkat_lens.analyses.gates import gate_statistics, half_life
 from lkat_lens.models import RbfKAT
@@ -62,7 +63,7 @@ def test_half_life_split_by_token_type_and_mapped_over_patches(lkat, images):
     assert stats.half_life_map.shape == (4, 2, 4, 4)
     assert torch.all(stats.half_life_map == want_map)
     patch_mean = torch.stack([f32_log(a) for a in PATCH_ALPHAS]).double().mean()
-    torch.testing.assert_close(
+    assert_close(
         stats.half_life_by_type["patches"],
         torch.full((4, 2, 32), math.log(0.5) / patch_mean.item(), dtype=torch.float64),
         rtol=1e-12,
@@ -85,7 +86,7 @@ def test_statistics_match_the_cached_gates(lkat, images):
     stats = gate_statistics(lkat, images, bins=16)
     _, cache = lkat.run_with_cache(images, names=lambda n: n.endswith("hook_gk"))
     gk = torch.stack([cache["hook_gk", i] for i in range(4)]).double()  # [L, B, T, H, dk]
-    torch.testing.assert_close(stats.log_alpha, gk.mean((1, 2)), rtol=1e-12, atol=0)
+    assert_close(stats.log_alpha, gk.mean((1, 2)), rtol=1e-12, atol=0)
     samples = gk.permute(0, 3, 4, 1, 2).flatten(3).exp()
     want = torch.quantile(samples, stats.quantile_levels, dim=-1, interpolation="nearest").permute(1, 2, 3, 0)
     assert torch.equal(stats.alpha_quantiles, want)

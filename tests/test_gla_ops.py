@@ -6,6 +6,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 from fla.ops.gla.naive import naive_recurrent_gla
+from tolerance import assert_close
 
 from lkat_lens.kernels.gla import (
     gated_linear_attention,
@@ -53,7 +54,7 @@ def test_recurrent_scale_and_bf16() -> None:
     q, k, v, gk = make_inputs(2, 9, 2, 8, 4)
     o1 = gla_recurrent(q, k, v, gk, scale=1.0)[0]
     o_default = gla_recurrent(q, k, v, gk)[0]
-    torch.testing.assert_close(o1 * 8**-0.5, o_default, rtol=1e-6, atol=1e-6)
+    assert_close(o1 * 8**-0.5, o_default, rtol=1e-6, atol=1e-6)
     o_bf16 = gla_recurrent(*(x.bfloat16() for x in (q, k, v, gk)))[0]
     assert o_bf16.dtype == torch.bfloat16
     assert rel_err(o_bf16, o_default) < 2e-2
@@ -119,7 +120,7 @@ def test_implicit_attention_reproduces_output(T: int, block_size: int, gate: str
     assert A32.dtype == torch.float32
     assert rel_err((A32 @ v.float().transpose(1, 2)).transpose(1, 2), o_ref) < 1e-5
     for t in (0, T // 2, -1):
-        torch.testing.assert_close(implicit_attention_row(q, k, gk, t), A[:, :, t], rtol=1e-12, atol=1e-12)
+        assert_close(implicit_attention_row(q, k, gk, t), A[:, :, t], rtol=1e-12, atol=1e-12)
 
 
 def test_implicit_attention_entries_and_scale() -> None:

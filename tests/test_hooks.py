@@ -5,6 +5,7 @@ import copy
 import pytest
 import torch
 import torch.nn.functional as F
+from tolerance import assert_close
 
 import lkat_lens
 
@@ -34,11 +35,11 @@ def test_run_with_cache_returns_every_hook_with_documented_shape(lkat, images):
     logits, cache = lkat.run_with_cache(images)
     expected = design_hook_shapes(DEPTH)
     assert {k: tuple(v.shape) for k, v in cache.items()} == expected
-    torch.testing.assert_close(logits, lkat(images), rtol=0, atol=1e-5)  # hook_pattern: explicit A @ v
+    assert_close(logits, lkat(images), rtol=0, atol=1e-5)  # hook_pattern: explicit A @ v
     assert all(not v.requires_grad for v in cache.values())
     gk = cache["hook_gk", 2]
     assert (gk < 0).all()
-    torch.testing.assert_close(cache["hook_final"][:, -1] @ lkat.head.weight.T + lkat.head.bias, logits)
+    assert_close(cache["hook_final"][:, -1] @ lkat.head.weight.T + lkat.head.bias, logits)
 
 
 def test_noop_hooks_give_bit_identical_logits(lkat, images):
@@ -52,7 +53,7 @@ def test_read_only_pattern_hook_keeps_logits(lkat, images):
     plain = lkat(images)
     with lkat.hooks(fwd_hooks=[(lambda n: n.endswith("hook_pattern"), lambda t, hook: None)]):
         hooked = lkat(images)
-    torch.testing.assert_close(hooked, plain, rtol=0, atol=1e-5)
+    assert_close(hooked, plain, rtol=0, atol=1e-5)
 
 
 def test_pattern_is_used_replaced_or_edited_and_gets_gradients(lkat, images):
@@ -72,7 +73,7 @@ def test_pattern_is_used_replaced_or_edited_and_gets_gradients(lkat, images):
     for fn in (lambda p, hook: torch.zeros_like(p), edit_in_place):
         with lkat.hooks(fwd_hooks=[("blocks.1.attn.hook_pattern", fn)]):
             _, patched = lkat.run_with_cache(images, names="blocks.1.attn.hook_out")
-        torch.testing.assert_close(patched["blocks.1.attn.hook_out"], want, rtol=0, atol=1e-6)
+        assert_close(patched["blocks.1.attn.hook_out"], want, rtol=0, atol=1e-6)
     logits, cache = lkat.run_with_cache(images, names="blocks.1.attn.hook_pattern", grad=True)
     (grad,) = torch.autograd.grad(logits[:, 0].sum(), cache["blocks.1.attn.hook_pattern"])
     assert grad.shape == (B, H, T, T) and grad.abs().sum() > 0
@@ -115,7 +116,7 @@ def test_patching_hook_changes_output_and_is_removed_after_exception(lkat, image
             zeroed = lkat(images)
             raise RuntimeError("boom")
     expected = lkat.head(lkat.norm(torch.zeros(B, D)))
-    torch.testing.assert_close(zeroed, expected)
+    assert_close(zeroed, expected)
     assert not any(p.active for p in lkat.hook_points().values())
     assert torch.equal(lkat(images), plain)
 
@@ -139,5 +140,5 @@ def test_rbfkat_attention_pattern_hook(images):
     logits, cache = model.run_with_cache(images, names=lambda n: n.endswith("hook_pattern"))
     pattern = cache["hook_pattern", 0]
     assert pattern.shape == (B, 3, T, T)
-    torch.testing.assert_close(pattern.sum(-1), torch.ones(B, 3, T))
-    torch.testing.assert_close(logits, plain, rtol=1e-4, atol=1e-5)
+    assert_close(pattern.sum(-1), torch.ones(B, 3, T))
+    assert_close(logits, plain, rtol=1e-4, atol=1e-5)

@@ -6,6 +6,7 @@ import sys
 import pytest
 import timm
 import torch
+from tolerance import assert_close
 
 import lkat_lens
 from lkat_lens.models import LKAT, KANLayer, RbfKAT, create_model
@@ -108,7 +109,7 @@ def test_kan_layer_bases_match_their_edge_function_formula(basis):
     else:
         w = layer.spline_linear.weight.view(3, 5, 4)
         expected = torch.einsum("npg,qpg->nq", phi, w)
-    torch.testing.assert_close(layer(x), expected, rtol=1e-12, atol=1e-12)
+    assert_close(layer(x), expected, rtol=1e-12, atol=1e-12)
 
 
 def test_kan_layer_optional_branches():
@@ -121,7 +122,7 @@ def test_kan_layer_optional_branches():
     gamma = layer.gat_resid(x)
     base = layer.base_linear(torch.nn.functional.silu(x))
     expected = plain(layer.layernorm(x)) + base + gamma * torch.sigmoid(gamma)
-    torch.testing.assert_close(layer(x), expected)
+    assert_close(layer(x), expected)
 
 
 def test_bad_kan_basis_is_refused():

@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 import torch
 from timm.models.mlp_mixer import MlpMixer
+from tolerance import assert_allclose, assert_close
 
 import lkat_lens
 from lkat_lens.analyses.parts import residual_names
@@ -62,8 +63,8 @@ def test_lkat_features_read_the_last_token_as_cls(lkat):
     assert {k: tuple(v.shape) for k, v in feats.items()} == {"cls": (DEPTH + 1, 5, D), "mean_patch": (DEPTH + 1, 5, D)}
     _, cache = lkat.run_with_cache(images, names=names)
     for depth, name in enumerate(names):
-        torch.testing.assert_close(feats["cls"][depth], cache[name][:, -1])
-        torch.testing.assert_close(feats["mean_patch"][depth], cache[name][:, :N_PATCH].mean(1))
+        assert_close(feats["cls"][depth], cache[name][:, -1])
+        assert_close(feats["mean_patch"][depth], cache[name][:, :N_PATCH].mean(1))
     assert torch.equal(feats["cls"][0], feats["cls"][0][:1].expand(5, -1))  # before block 0 it sees no image
 
 
@@ -77,8 +78,8 @@ def test_timm_vit_features_read_the_first_token_as_cls():
     _, cache = vit.run_with_cache(images, names=residual_names(vit))
     last = cache["blocks.1.hook_resid_post"]
     assert last.shape[1] == 1 + 2 + N_PATCH
-    torch.testing.assert_close(feats["cls"][-1], last[:, 0])
-    torch.testing.assert_close(feats["mean_patch"][-1], last[:, 3:].mean(1))
+    assert_close(feats["cls"][-1], last[:, 0])
+    assert_close(feats["mean_patch"][-1], last[:, 3:].mean(1))
     assert feats["cls"].shape == (3, 3, vit.embed_dim)
 
 
@@ -86,7 +87,7 @@ def test_token_features_without_a_class_token():
     tokens = torch.arange(2 * 6 * 3, dtype=torch.float32).reshape(2, 6, 3)
     out = token_features(tokens, {"patches": slice(0, 4), "registers": slice(4, 6)})
     assert list(out) == ["mean_patch"]
-    torch.testing.assert_close(out["mean_patch"], tokens[:, :4].mean(1))
+    assert_close(out["mean_patch"], tokens[:, :4].mean(1))
     torch.manual_seed(0)
     mixer = attach_hook_points(MlpMixer(num_classes=2, img_size=IMG, patch_size=PATCH, num_blocks=2, embed_dim=32))
     assert feature_kinds(mixer) == ("mean_patch",)
@@ -94,7 +95,7 @@ def test_token_features_without_a_class_token():
     feats = collect_features(mixer.eval(), images)
     _, cache = mixer.run_with_cache(images, names="blocks.1.hook_resid_post")
     assert list(feats) == ["mean_patch"] and feats["mean_patch"].shape == (3, 3, 32)
-    torch.testing.assert_close(feats["mean_patch"][-1], cache["blocks.1.hook_resid_post"].mean(1))
+    assert_close(feats["mean_patch"][-1], cache["blocks.1.hook_resid_post"].mean(1))
 
 
 def test_linear_probes_per_block_on_lkat(lkat):
@@ -115,7 +116,7 @@ def test_linear_probes_per_block_on_lkat(lkat):
 
     flipped = linear_probes(lkat, x_train, y_train, x_test, 1 - y_test, batch_size=128)
     for kind in ("cls", "mean_patch"):  # scored on the held-out labels: flipping them flips every prediction's score
-        np.testing.assert_allclose(flipped.test_accuracy[kind], 1 - results.test_accuracy[kind])
+        assert_allclose(flipped.test_accuracy[kind], 1 - results.test_accuracy[kind])
         np.testing.assert_array_equal(flipped.train_accuracy[kind], results.train_accuracy[kind])
     report = json.loads(json.dumps(results.to_dict()))
     assert report["test_accuracy"]["cls"] == cls.tolist() and len(report["depth_names"]) == DEPTH + 1

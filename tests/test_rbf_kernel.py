@@ -13,6 +13,7 @@ import itertools
 import pytest
 import torch
 import triton_interpreter
+from tolerance import assert_close
 
 from lkat_lens.kernels import rbf_triton
 from lkat_lens.kernels.rbf import rbf_basis, rbf_grid_linear, rbf_grid_linear_reference
@@ -135,11 +136,11 @@ def test_rbf_basis_matches_formula() -> None:
     expected = torch.exp(-(((x - centers) / (4 / 3)) ** 2))
     basis = rbf_basis(x.squeeze(1), -2.0, 2.0, 4)
     assert basis.shape == (61, 4) and basis.dtype == torch.float64
-    torch.testing.assert_close(basis, expected, rtol=1e-14, atol=0)
+    assert_close(basis, expected, rtol=1e-14, atol=0)
     xb = x.squeeze(1).bfloat16()
     half = rbf_basis(xb, -2.0, 2.0, 4)
     assert half.dtype == torch.bfloat16
-    torch.testing.assert_close(half.double(), rbf_basis(xb.double(), -2.0, 2.0, 4), rtol=4e-3, atol=0)
+    assert_close(half.double(), rbf_basis(xb.double(), -2.0, 2.0, 4), rtol=4e-3, atol=0)
 
 
 @pytest.mark.parametrize("weight_shape", [(5,), (1, 5), (7, 5)], ids=["shared-1d", "shared-2d", "channel"])
@@ -150,10 +151,10 @@ def test_reference_matches_explicit_sum(weight_shape: tuple[int, ...]) -> None:
     w2 = w.reshape(-1, 5)
     h = 2.0 / 4
     expected = sum(w2[:, g] * torch.exp(-(((x - (-1.0 + g * h)) / h) ** 2)) for g in range(5))
-    torch.testing.assert_close(rbf_grid_linear_reference(x, w, -1.0, 1.0), expected, rtol=1e-13, atol=1e-15)
+    assert_close(rbf_grid_linear_reference(x, w, -1.0, 1.0), expected, rtol=1e-13, atol=1e-15)
     y32 = rbf_grid_linear_reference(x.float(), w.float(), -1.0, 1.0)
     assert y32.dtype == torch.float32
-    torch.testing.assert_close(y32.double(), expected, rtol=1e-5, atol=1e-6)
+    assert_close(y32.double(), expected, rtol=1e-5, atol=1e-6)
 
 
 @pytest.mark.parametrize("form", ["shared", "channel"])
@@ -181,8 +182,8 @@ def test_torch_backend_equals_reference(form: str, dtype: torch.dtype) -> None:
     assert torch.equal(ya, yb) and ya.dtype == dtype
     assert xa.grad.dtype == dtype and wa.grad.dtype == w.dtype and wa.grad.shape == w.shape
     tol = 1e-2 if dtype == torch.bfloat16 else 1e-6
-    torch.testing.assert_close(xa.grad.double(), xb.grad.double(), rtol=tol, atol=tol)
-    torch.testing.assert_close(wa.grad, wb.grad, rtol=1e-5, atol=1e-5)
+    assert_close(xa.grad.double(), xb.grad.double(), rtol=tol, atol=tol)
+    assert_close(wa.grad, wb.grad, rtol=1e-5, atol=1e-5)
     assert torch.equal(rbf_grid_linear(x, w, -2.0, 2.0), ya.detach())  # auto on CPU is the torch path
 
 

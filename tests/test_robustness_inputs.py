@@ -10,6 +10,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from PIL import Image
+from tolerance import assert_close
 
 import lkat_lens
 from lkat_lens.data import DataError
@@ -195,7 +196,7 @@ def test_sixteen_bit_gray_is_scaled_to_eight_bits_not_clipped():
     """A 16-bit PNG of 40000 is the 8-bit gray round(40000 / 257) = 156, not the 255 a plain convert() gives."""
     deep = load_image(file_bytes(PICTURES["16-bit"]()), DATA).tensor
     shallow = load_image(file_bytes(Image.new("L", (20, 20), 156)), DATA).tensor
-    torch.testing.assert_close(deep, shallow)
+    assert_close(deep, shallow)
 
 
 def _truncated_png() -> bytes:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+from tolerance import assert_close
 
 from lkat_lens.analyses import attributions, edge_functions, gates, parts, tokens
 from lkat_lens.checkpoint import CheckpointInfo, load
@@ -37,7 +38,7 @@ def test_results_equal_the_analyses_called_directly(study):
     images = study.sample.images
     stats = edge_functions.layer_statistics(study.model, images)["blocks.1.mlp.fc1"]
     curves, scores, cached_stats = study.edge_curves(1, "fc1")
-    torch.testing.assert_close(cached_stats.input_mean, stats.input_mean, rtol=0, atol=0)
+    assert_close(cached_stats.input_mean, stats.input_mean, rtol=0, atol=0)
     want_curves, want_scores = edge_functions.top_edge_curves(study.kan_layer(1, "fc1"), stats, 4)
     assert scores == want_scores and torch.equal(curves.values, want_curves.values)
     assert torch.equal(study.gate_statistics().log_alpha, gates.gate_statistics(study.model, images).log_alpha)

@@ -6,6 +6,7 @@ import json
 
 import pytest
 import torch
+from tolerance import assert_close
 
 import lkat_lens
 from lkat_lens.analyses.parts import residual_names
@@ -70,7 +71,7 @@ def test_planted_high_norm_patch_is_the_only_outlier(name, request, images):
 def test_outlier_threshold_known_answer():
     norms = torch.tensor([[1.0, 2.0, 3.0, 4.0, 100.0], [10.0, 10.0, 10.0, 10.0, 11.0]])
     # row 0: median 3, MAD 1 -> max(2*3, 3 + 5*1.4826); row 1: median 10, MAD 0 -> max(20, 10)
-    torch.testing.assert_close(outlier_threshold(norms), torch.tensor([3 + 5 * 1.4826, 20.0]))
+    assert_close(outlier_threshold(norms), torch.tensor([3 + 5 * 1.4826, 20.0]))
 
 
 def test_token_groups_follow_the_layout(lkat, vit):

@@ -15,6 +15,7 @@ import pytest
 import torch
 from test_data import use_written_cifar, write_cifar, write_image_folder
 from timm.layers import resample_abs_pos_embed
+from tolerance import assert_close
 
 import lkat_lens
 from lkat_lens import create_model, seeding
@@ -286,7 +287,7 @@ def test_fit_pos_embed_keeps_registers_and_class_token():
     pe[:, :16] = torch.linspace(-1, 1, 64)  # every patch position alike: resampling must keep it
     fitted = lktrain.fit_pos_embed(pe, large)
     assert fitted.shape == large.pos_embed.shape
-    torch.testing.assert_close(fitted[:, :64], pe[:, :1].expand(1, 64, 64), atol=1e-5, rtol=0)
+    assert_close(fitted[:, :64], pe[:, :1].expand(1, 64, 64), atol=1e-5, rtol=0)
     assert torch.equal(fitted[:, 64:], pe[:, 16:])
     assert small.pos_embed.shape[1] == pe.shape[1]
     vit = create_model("vit_tiny_patch16_224", num_classes=10, img_size=32, patch_size=8, depth=1)  # class token first
@@ -294,7 +295,7 @@ def test_fit_pos_embed_keeps_registers_and_class_token():
     bigger = create_model("vit_tiny_patch16_224", num_classes=10, img_size=48, patch_size=8, depth=1)
     fitted = lktrain.fit_pos_embed(pe, bigger)
     assert fitted.shape == (1, 1 + 36, 192) and torch.equal(fitted[:, :1], pe[:, :1])
-    torch.testing.assert_close(fitted[:, 1:], resample_abs_pos_embed(pe[:, 1:], [6, 6], num_prefix_tokens=0))
+    assert_close(fitted[:, 1:], resample_abs_pos_embed(pe[:, 1:], [6, 6], num_prefix_tokens=0))
     assert vit.pos_embed.shape == pe.shape
 
 
@@ -344,4 +345,4 @@ def test_two_process_ddp_matches_one_process(tmp_path, capsys, folder):
         assert m2["val_loss"] == pytest.approx(m1["val_loss"], rel=1e-5)
         assert m2["val_top1"] == m1["val_top1"]
     for name, tensor in one["state_dict"].items():
-        torch.testing.assert_close(two["state_dict"][name], tensor, rtol=1e-5, atol=1e-6)
+        assert_close(two["state_dict"][name], tensor, rtol=1e-5, atol=1e-6)
