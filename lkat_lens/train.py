@@ -16,7 +16,6 @@ import sys
 import time
 from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass, field
-from datetime import datetime
 from pathlib import Path
 from typing import Any
 
@@ -44,17 +43,7 @@ from .checkpoint import (
 )
 from .models import VARIANTS, create_model
 from .seeding import epoch_seed, rng_state, seed_all, set_rng_state
-
-DEFAULT_MODEL = {"digits": "lkat_micro"}  # other datasets: FALLBACK_MODEL
-FALLBACK_MODEL = "lkat_tiny_patch16_224"
-# On --resume every setting comes from the checkpoint except those of this invocation (always from the command
-# line) and those of this machine (from the command line when given there).
-INVOCATION_FLAGS = ("device", "compile", "threads", "max_steps")
-MACHINE_FLAGS = ("workers", "data_dir", "download")
-
-
-class UsageError(ValueError):
-    """A bad flag value or combination (a user error)."""
+from .train_config import FALLBACK_MODEL, TrainConfig, UsageError, resolve_config
 
 
 class CheckpointWriteError(RuntimeError):
@@ -68,10 +57,10 @@ class NonFiniteLoss(RuntimeError):
 USER_ERRORS = (UsageError, lkdata.DataError, lkrecipe.RecipeError, CheckpointError)
 
 
-def build_parser() -> argparse.ArgumentParser:
+def build_parser(prog: str = "python -m lkat_lens.train") -> argparse.ArgumentParser:
     """The command-line interface of the trainer."""
     p = argparse.ArgumentParser(
-        prog="python -m lkat_lens.train",
+        prog=prog,
         description="Train an LKAT (or rbfKAT / timm baseline) with the paper's recipes. With no arguments: "
         "lkat_micro on scikit-learn's digits, on the CPU, in a few minutes.",
     )
@@ -165,45 +154,11 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
-def resolve_config(args: argparse.Namespace, finetune: dict[str, Any] | None) -> dict[str, Any]:
-    """Every run setting as a plain value: flags given, else the recipe's, model's or dataset's defaults."""
-    cfg = dict(vars(args))
-    dataset = cfg["data"]
-    recipe = lkrecipe.get_recipe(cfg["recipe"] or lkrecipe.default_recipe(dataset, finetune is not None))
-    cfg["recipe"] = recipe.name
-    if finetune is not None:
-        ft_model = finetune["model"]["name"]
-        if cfg["model"] not in (None, ft_model):
-            raise UsageError(f"--model {cfg['model']} differs from the --finetune checkpoint's model {ft_model}")
-        cfg["model"] = ft_model
-        if cfg["img_size"] is None:
-            cfg["img_size"] = int(finetune["model"]["kwargs"].get("img_size", 224))
-    defaults = {
-        "model": DEFAULT_MODEL.get(dataset, FALLBACK_MODEL),
-        "img_size": lkdata.DEFAULT_IMG_SIZE[dataset],
-        "epochs": lkrecipe.epochs_for(recipe, dataset),
-        "batch_size": recipe.batch_size,
-        "lr": recipe.lr,
-        "weight_decay": recipe.weight_decay,
-        "warmup_epochs": recipe.warmup_epochs,
-        "drop_path": recipe.drop_path,
-        "workers": 0 if dataset == "digits" else min(8, os.cpu_count() or 1),
-    }
-    for key, value in defaults.items():
-        if cfg[key] is None:
-            cfg[key] = value
-    cfg["name"] = cfg["name"] or f"{cfg['model']}-{dataset}-{datetime.now():%Y%m%d-%H%M%S}"
-    for key in ("epochs", "batch_size", "img_size", "warmup_epochs", "workers"):
-        if cfg[key] < (0 if key in ("warmup_epochs", "workers") else 1):
-            raise UsageError(f"--{key.replace('_', '-')} is out of range: {cfg[key]}")
-    return cfg
-
-
 @dataclass
 class Run:
     """Everything a training run holds between epochs."""
 
-    cfg: dict[str, Any]
+    cfg: TrainConfig
     dist: lkdist.DistInfo
     recipe: lkrecipe.Recipe
     run_dir: Path
@@ -247,26 +202,26 @@ def amp_dtype_for(amp: str, device: torch.device) -> torch.dtype | None:
 
 
 def build_datasets(
-    cfg: dict[str, Any], recipe: lkrecipe.Recipe, info: lkdist.DistInfo
+    cfg: TrainConfig, recipe: lkrecipe.Recipe, info: lkdist.DistInfo
 ) -> tuple[Dataset, Dataset, dict[str, Any]]:
     """Train and val datasets with the recipe's transforms, and the checkpoint's `data` dict."""
-    name, size = cfg["data"], cfg["img_size"]
+    name, size = cfg.data, cfg.img_size
     mean, std = lkdata.NORMALIZATION[name]
     train_tf = lkrecipe.build_train_transform(recipe, size, mean, std)
     val_tf = lkrecipe.build_eval_transform(recipe, size, mean, std)
 
     def both(download: bool) -> tuple[Dataset, Dataset]:
-        kw = dict(data_dir=cfg["data_dir"], download=download)
+        kw = dict(data_dir=cfg.data_dir, download=download)
         return (
             lkdata.build_dataset(name, "train", transform=train_tf, **kw),
             lkdata.build_dataset(name, "val", transform=val_tf, **kw),
         )
 
-    if cfg["download"] and info.distributed:  # rank 0 downloads, the others read what it wrote
+    if cfg.download and info.distributed:  # rank 0 downloads, the others read what it wrote
         if info.is_main:
             both(True)
         lkdist.barrier()
-    train_ds, val_ds = both(cfg["download"] and not info.distributed)
+    train_ds, val_ds = both(cfg.download and not info.distributed)
     data_info = {
         "name": name,
         "class_names": lkdata.check_same_classes(train_ds, val_ds),
@@ -281,19 +236,19 @@ def build_datasets(
 
 
 def build_loaders(
-    cfg: dict[str, Any], info: lkdist.DistInfo, train_ds: Dataset, val_ds: Dataset, mixes: bool
+    cfg: TrainConfig, info: lkdist.DistInfo, train_ds: Dataset, val_ds: Dataset, mixes: bool
 ) -> tuple[DataLoader, DataLoader, torch.Generator]:
     """Loaders of this rank's share: shuffled by (seed, epoch), full batches, generator reseeded per epoch."""
-    if cfg["batch_size"] % info.world_size:
-        raise UsageError(f"--batch-size {cfg['batch_size']} does not split evenly over {info.world_size} ranks")
-    per_rank = cfg["batch_size"] // info.world_size
+    if cfg.batch_size % info.world_size:
+        raise UsageError(f"--batch-size {cfg.batch_size} does not split evenly over {info.world_size} ranks")
+    per_rank = cfg.batch_size // info.world_size
     if mixes and per_rank % 2:
         raise UsageError(f"Mixup/CutMix in batch mode needs an even batch per rank, got {per_rank}")
-    if len(train_ds) < cfg["batch_size"]:
-        raise UsageError(f"--batch-size {cfg['batch_size']} exceeds the {len(train_ds)} training images")
-    common = dict(num_workers=cfg["workers"], pin_memory=info.device.type == "cuda")
+    if len(train_ds) < cfg.batch_size:
+        raise UsageError(f"--batch-size {cfg.batch_size} exceeds the {len(train_ds)} training images")
+    common = dict(num_workers=cfg.workers, pin_memory=info.device.type == "cuda")
     sampler = DistributedSampler(
-        train_ds, num_replicas=info.world_size, rank=info.rank, shuffle=True, seed=cfg["seed"], drop_last=True
+        train_ds, num_replicas=info.world_size, rank=info.rank, shuffle=True, seed=cfg.seed, drop_last=True
     )
     gen = torch.Generator()
     train_loader = DataLoader(train_ds, batch_size=per_rank, sampler=sampler, drop_last=True, generator=gen, **common)
@@ -303,16 +258,16 @@ def build_loaders(
 
 
 def model_kwargs_for(
-    cfg: dict[str, Any], recipe: lkrecipe.Recipe, num_classes: int, base: dict[str, Any]
+    cfg: TrainConfig, recipe: lkrecipe.Recipe, num_classes: int, base: dict[str, Any]
 ) -> dict[str, Any]:
     """Constructor kwargs of the run's model: `base` (a fine-tuned checkpoint's), then flags and recipe."""
-    kwargs = {**base, "num_classes": num_classes, "img_size": cfg["img_size"], "in_chans": lkdata.IN_CHANS}
+    kwargs = {**base, "num_classes": num_classes, "img_size": cfg.img_size, "in_chans": lkdata.IN_CHANS}
     for flag in ("patch_size", "kan_num_grids", "kan_basis", "kan_gated"):
-        if cfg[flag] is not None:
-            kwargs[flag] = cfg[flag]
-    if cfg["drop_path"] is not None:
-        kwargs["drop_path_rate"] = cfg["drop_path"]
-    if cfg["model"] in VARIANTS:
+        if getattr(cfg, flag) is not None:
+            kwargs[flag] = getattr(cfg, flag)
+    if cfg.drop_path is not None:
+        kwargs["drop_path_rate"] = cfg.drop_path
+    if cfg.model in VARIANTS:
         kwargs.update(recipe.model_kwargs)
     return kwargs
 
@@ -364,12 +319,12 @@ def train_one_epoch(run: Run) -> dict[str, float]:
     cfg, info = run.cfg, run.dist
     run.model.train()
     run.train_loader.sampler.set_epoch(run.epoch)
-    run.loader_gen.manual_seed(epoch_seed(cfg["seed"], run.epoch, info.rank))
+    run.loader_gen.manual_seed(epoch_seed(cfg.seed, run.epoch, info.rank))
     total, steps, images_seen = 0.0, 0, 0
     start = time.perf_counter()
     bar = tqdm(
         run.train_loader,
-        desc=f"epoch {run.epoch + 1}/{cfg['epochs']}",
+        desc=f"epoch {run.epoch + 1}/{cfg.epochs}",
         leave=False,
         disable=not info.is_main,
         dynamic_ncols=True,
@@ -387,9 +342,9 @@ def train_one_epoch(run: Run) -> dict[str, float]:
             raise NonFiniteLoss(f"non-finite training loss ({value}) at epoch {run.epoch + 1}, step {run.step + 1}")
         run.optimizer.zero_grad(set_to_none=True)
         run.scaler.scale(loss).backward()
-        if cfg["clip_grad"] is not None:
+        if cfg.clip_grad is not None:
             run.scaler.unscale_(run.optimizer)
-            nn.utils.clip_grad_norm_(run.model.parameters(), cfg["clip_grad"])
+            nn.utils.clip_grad_norm_(run.model.parameters(), cfg.clip_grad)
         run.scaler.step(run.optimizer)
         run.scaler.update()
         run.step += 1
@@ -398,7 +353,7 @@ def train_one_epoch(run: Run) -> dict[str, float]:
             run.ema.update(run.model, step=run.step)
         total, steps, images_seen = total + value, steps + 1, images_seen + images.shape[0]
         bar.set_postfix(loss=f"{value:.4f}", refresh=False)
-        if cfg["max_steps"] is not None and run.step >= cfg["max_steps"]:
+        if cfg.max_steps is not None and run.step >= cfg.max_steps:
             break
     bar.close()
     if info.device.type == "cuda":
@@ -464,15 +419,15 @@ def save_run(run: Run, path: Path, rngs: list[dict[str, Any]] | None) -> None:
 def _write_checkpoint(run: Run, path: Path, resume_state: dict[str, Any]) -> None:
     save_checkpoint(
         path,
-        model_name=run.cfg["model"],
+        model_name=run.cfg.model,
         model_kwargs=run.model_kwargs,
         state_dict=run.model.state_dict(),
         data=run.data_info,
         train={
-            "args": run.cfg,
+            "args": run.cfg.to_dict(),
             "epoch": run.epoch,
             "step": run.step,
-            "seed": run.cfg["seed"],
+            "seed": run.cfg.seed,
             "world_size": run.dist.world_size,
         },
         metrics=run.metrics,
@@ -496,7 +451,7 @@ def restore_run(run: Run, ckpt: dict[str, Any]) -> None:
     if len(rngs) == run.dist.world_size:
         set_rng_state(rngs[run.dist.rank], run.dist.device)
     else:
-        seed_all(run.cfg["seed"] + run.dist.rank + 1_000 * run.epoch)
+        seed_all(run.cfg.seed + run.dist.rank + 1_000 * run.epoch)
         log(
             run.dist,
             f"note: resumed on {run.dist.world_size} ranks from a {len(rngs)}-rank run; "
@@ -553,69 +508,91 @@ def read_finetune_source(path: str, model_name: str | None) -> dict[str, Any]:
     return {"model": {"name": model_name, "kwargs": infer_model_kwargs(state_dict)}, "state_dict": state_dict}
 
 
-def setup_run(args: argparse.Namespace, info: lkdist.DistInfo) -> Run:
-    """Resolve the settings, build data, model and optimisation, and restore a --resume checkpoint."""
-    resume = read_resume_source(args.resume) if args.resume else None
-    if resume is not None:
-        saved = dict(resume["train"]["args"])
-        defaults = build_parser()
-        cfg = {**saved, **{k: getattr(args, k) for k in INVOCATION_FLAGS}}
-        cfg.update({k: getattr(args, k) for k in MACHINE_FLAGS if getattr(args, k) != defaults.get_default(k)})
-        run_dir = Path(args.resume).parent
-        finetune = None
-    else:
-        finetune = read_finetune_source(args.finetune, args.model) if args.finetune else None
-        cfg = resolve_config(args, finetune)
-        run_dir = Path(cfg["out_dir"]) / cfg["name"]
-        if (run_dir / "last.pt").exists():
-            raise UsageError(
-                f"{run_dir} already holds a run; continue it with --resume {run_dir / 'last.pt'} or pick another --name"
-            )
-    recipe = lkrecipe.get_recipe(cfg["recipe"])
-    threads = cfg["threads"] or (1 if cfg["data"] == "digits" and info.device.type == "cpu" else None)
+def read_sources(args: argparse.Namespace) -> tuple[TrainConfig, Path, dict | None, dict | None]:
+    """The merged config, the run folder and the --resume / --finetune checkpoints (None when not asked)."""
+    if args.resume:
+        resume = read_resume_source(args.resume)
+        return resolve_config(args, saved=resume["train"]["args"]), Path(args.resume).parent, resume, None
+    finetune = read_finetune_source(args.finetune, args.model) if args.finetune else None
+    cfg = resolve_config(args, finetune)
+    run_dir = Path(cfg.out_dir) / cfg.name
+    if (run_dir / "last.pt").exists():
+        raise UsageError(
+            f"{run_dir} already holds a run; continue it with --resume {run_dir / 'last.pt'} or pick another --name"
+        )
+    return cfg, run_dir, None, finetune
+
+
+def apply_process_settings(cfg: TrainConfig, info: lkdist.DistInfo) -> torch.dtype | None:
+    """Threads, seeds and TF32 for this process; returns the autocast dtype."""
+    threads = cfg.threads or (1 if cfg.data == "digits" and info.device.type == "cpu" else None)
     if threads:
         torch.set_num_threads(threads)
-    seed_all(cfg["seed"] + info.rank)
-    amp_dtype = amp_dtype_for(cfg["amp"], info.device)
+    seed_all(cfg.seed + info.rank)
+    amp_dtype = amp_dtype_for(cfg.amp, info.device)
     if info.device.type == "cuda":  # TF32 matmuls alongside autocast; --amp off is full fp32
         torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = amp_dtype is not None
+    return amp_dtype
 
-    train_ds, val_ds, data_info = build_datasets(cfg, recipe, info)
-    train_loader, val_loader, gen = build_loaders(cfg, info, train_ds, val_ds, recipe.mixes)
-    num_classes = len(data_info["class_names"])
 
+def run_model_kwargs(
+    cfg: TrainConfig,
+    recipe: lkrecipe.Recipe,
+    num_classes: int,
+    resume: dict[str, Any] | None,
+    finetune: dict[str, Any] | None,
+) -> dict[str, Any]:
+    """The model's constructor kwargs: a resumed run's own, else built from flags on a fine-tuned model's."""
     if resume is not None:
-        model_kwargs = dict(resume["model"]["kwargs"])
-    else:
-        base = {}
-        if finetune is not None:
-            base = {k: v for k, v in finetune["model"]["kwargs"].items() if k not in ("num_classes", "img_size")}
-        model_kwargs = model_kwargs_for(cfg, recipe, num_classes, base)
-    model = build_model(cfg["model"], model_kwargs)
+        return dict(resume["model"]["kwargs"])
+    base = {}
     if finetune is not None:
-        log(info, load_pretrained(model, finetune, cfg["finetune"]))
-    model.to(info.device)
+        base = {k: v for k, v in finetune["model"]["kwargs"].items() if k not in ("num_classes", "img_size")}
+    return model_kwargs_for(cfg, recipe, num_classes, base)
+
+
+def wrap_model(model: nn.Module, cfg: TrainConfig, info: lkdist.DistInfo) -> nn.Module:
+    """What a training step calls: `model` under DDP when distributed, compiled with --compile."""
     forward: nn.Module = model
     if info.distributed:
         forward = DistributedDataParallel(model, device_ids=[info.device.index] if info.device.type == "cuda" else None)
-    if cfg["compile"]:
+    if cfg.compile:
         forward = torch.compile(forward)
+    return forward
 
-    optimizer = lkrecipe.build_optimizer(model, recipe, lr=cfg["lr"], weight_decay=cfg["weight_decay"])
+
+def build_optimisation(
+    model: nn.Module, cfg: TrainConfig, recipe: lkrecipe.Recipe, updates_per_epoch: int
+) -> tuple[torch.optim.Optimizer, Scheduler]:
+    """The recipe's optimizer at the run's lr and weight decay, and its per-update cosine schedule."""
+    optimizer = lkrecipe.build_optimizer(model, recipe, lr=cfg.lr, weight_decay=cfg.weight_decay)
     scheduler = lkrecipe.build_scheduler(
-        optimizer,
-        recipe,
-        epochs=cfg["epochs"],
-        warmup_epochs=cfg["warmup_epochs"],
-        updates_per_epoch=len(train_loader),
+        optimizer, recipe, epochs=cfg.epochs, warmup_epochs=cfg.warmup_epochs, updates_per_epoch=updates_per_epoch
     )
+    return optimizer, scheduler
+
+
+def setup_run(args: argparse.Namespace, info: lkdist.DistInfo) -> Run:
+    """Resolve the settings, build data, model and optimisation, and restore a --resume checkpoint."""
+    cfg, run_dir, resume, finetune = read_sources(args)
+    recipe = lkrecipe.get_recipe(cfg.recipe)
+    amp_dtype = apply_process_settings(cfg, info)
+    train_ds, val_ds, data_info = build_datasets(cfg, recipe, info)
+    train_loader, val_loader, gen = build_loaders(cfg, info, train_ds, val_ds, recipe.mixes)
+    num_classes = len(data_info["class_names"])
+    model_kwargs = run_model_kwargs(cfg, recipe, num_classes, resume, finetune)
+    model = build_model(cfg.model, model_kwargs)
+    if finetune is not None:
+        log(info, load_pretrained(model, finetune, cfg.finetune))
+    model.to(info.device)
+    optimizer, scheduler = build_optimisation(model, cfg, recipe, len(train_loader))
     run = Run(
         cfg=cfg,
         dist=info,
         recipe=recipe,
         run_dir=run_dir,
         model=model,
-        forward=forward,
+        forward=wrap_model(model, cfg, info),
         model_kwargs=model_kwargs,
         data_info=data_info,
         train_loader=train_loader,
@@ -626,7 +603,7 @@ def setup_run(args: argparse.Namespace, info: lkdist.DistInfo) -> Run:
         scaler=torch.amp.GradScaler(info.device.type, enabled=amp_dtype is torch.float16),
         criterion=lkrecipe.build_loss(recipe),
         mixup=lkrecipe.build_mixup(recipe, num_classes),
-        ema=ModelEmaV3(model, decay=cfg["ema_decay"]) if cfg["ema"] else None,
+        ema=ModelEmaV3(model, decay=cfg.ema_decay) if cfg.ema else None,
         amp_dtype=amp_dtype,
     )
     if resume is not None:
@@ -634,9 +611,9 @@ def setup_run(args: argparse.Namespace, info: lkdist.DistInfo) -> Run:
     n_params = sum(p.numel() for p in model.parameters())
     log(
         info,
-        f"{cfg['model']} ({n_params / 1e6:.2f} M params) on {cfg['data']}: {len(train_ds)} train / "
-        f"{len(val_ds)} val images, {cfg['img_size']}px, recipe {recipe.name}, {cfg['epochs']} epochs, batch "
-        f"{cfg['batch_size']} over {info.world_size} rank(s), {info.device}, amp {cfg['amp']} -> {run_dir}"
+        f"{cfg.model} ({n_params / 1e6:.2f} M params) on {cfg.data}: {len(train_ds)} train / "
+        f"{len(val_ds)} val images, {cfg.img_size}px, recipe {recipe.name}, {cfg.epochs} epochs, batch "
+        f"{cfg.batch_size} over {info.world_size} rank(s), {info.device}, amp {cfg.amp} -> {run_dir}"
         + (f" (resuming after epoch {run.epoch})" if resume is not None else ""),
     )
     return run
@@ -648,7 +625,7 @@ def train(run: Run) -> None:
     if info.is_main:
         run.run_dir.mkdir(parents=True, exist_ok=True)
     last = run.run_dir / "last.pt"
-    while run.epoch < cfg["epochs"] and (cfg["max_steps"] is None or run.step < cfg["max_steps"]):
+    while run.epoch < cfg.epochs and (cfg.max_steps is None or run.step < cfg.max_steps):
         start = time.perf_counter()
         if info.device.type == "cuda":
             torch.cuda.reset_peak_memory_stats(info.device)
@@ -676,7 +653,7 @@ def train(run: Run) -> None:
             if is_best:
                 save_run(run, run.run_dir / "best.pt", None)
             write_metrics(run.run_dir / "metrics.jsonl", run.metrics)
-        log(info, summary_line(stats, cfg["epochs"]))
+        log(info, summary_line(stats, cfg.epochs))
     lkdist.barrier()
     if run.metrics:
         best = max(run.metrics, key=lambda m: m["val_top1"])
@@ -687,9 +664,9 @@ def train(run: Run) -> None:
         )
 
 
-def main(argv: list[str] | None = None) -> int:
+def main(argv: list[str] | None = None, prog: str = "python -m lkat_lens.train") -> int:
     """Run the trainer; returns the process exit code (2 for user errors and a non-finite loss)."""
-    args = build_parser().parse_args(argv)
+    args = build_parser(prog).parse_args(argv)
     info: lkdist.DistInfo | None = None
     try:
         info = lkdist.setup(args.device)

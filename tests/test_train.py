@@ -51,21 +51,21 @@ def train_cli(capsys, *parts: str | Path) -> tuple[int, str, str]:
 
 def test_no_arguments_means_lkat_micro_on_digits():
     cfg = lktrain.resolve_config(lktrain.build_parser().parse_args([]), None)
-    assert (cfg["model"], cfg["data"], cfg["recipe"], cfg["img_size"]) == ("lkat_micro", "digits", "digits", 16)
-    assert (cfg["epochs"], cfg["batch_size"], cfg["lr"], cfg["weight_decay"], cfg["warmup_epochs"]) == (
+    assert (cfg.model, cfg.data, cfg.recipe, cfg.img_size) == ("lkat_micro", "digits", "digits", 16)
+    assert (cfg.epochs, cfg.batch_size, cfg.lr, cfg.weight_decay, cfg.warmup_epochs) == (
         30,
         64,
         2e-3,
         0.05,
         2,
     )
-    assert (cfg["workers"], cfg["out_dir"], cfg["seed"], cfg["amp"]) == (0, "runs", 0, "auto")
-    assert cfg["name"].startswith("lkat_micro-digits-")
+    assert (cfg.workers, cfg.out_dir, cfg.seed, cfg.amp) == (0, "runs", 0, "auto")
+    assert cfg.name.startswith("lkat_micro-digits-")
 
 
 def test_image_datasets_default_to_deit_and_lkat_tiny():
     cfg = lktrain.resolve_config(lktrain.build_parser().parse_args(["--data", "cifar100"]), None)
-    assert (cfg["model"], cfg["recipe"], cfg["img_size"], cfg["epochs"], cfg["batch_size"], cfg["lr"]) == (
+    assert (cfg.model, cfg.recipe, cfg.img_size, cfg.epochs, cfg.batch_size, cfg.lr) == (
         "lkat_tiny_patch16_224",
         "deit",
         224,

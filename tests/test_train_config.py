@@ -1,0 +1,56 @@
+"""The trainer's frozen config: merging flags, recipe and dataset defaults, and a resumed run's saved settings."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+
+from lkat_lens import train as lktrain
+from lkat_lens.train_config import TrainConfig, UsageError, resolve_config
+
+
+def parse(*argv: str):
+    return lktrain.build_parser().parse_args(list(argv))
+
+
+def test_config_is_frozen_and_typed():
+    cfg = resolve_config(parse())
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        cfg.lr = 1.0  # type: ignore[misc]
+    assert isinstance(cfg.epochs, int) and isinstance(cfg.lr, float)
+
+
+def test_every_flag_is_a_config_field_with_the_same_default():
+    parser = lktrain.build_parser()
+    names = {f.name: f.default for f in dataclasses.fields(TrainConfig)}
+    for action in parser._actions:
+        if action.dest == "help":
+            continue
+        assert action.dest in names, action.dest
+        assert action.default == names[action.dest], action.dest
+
+
+def test_flags_beat_the_recipe_and_the_recipe_beats_the_dataset():
+    cfg = resolve_config(parse("--lr", "0.5", "--recipe", "plain"))
+    assert (cfg.lr, cfg.batch_size, cfg.recipe, cfg.model) == (0.5, 256, "plain", "lkat_micro")
+
+
+def test_resume_keeps_saved_settings_but_takes_this_invocations_and_given_machine_flags():
+    saved = resolve_config(parse("--epochs", "7", "--workers", "3", "--data-dir", "/x")).to_dict()
+    saved["from_a_future_version"] = 1  # unknown keys are dropped
+    del saved["clip_grad"]  # an older checkpoint without a newer field gets its default
+    cfg = resolve_config(parse("--epochs", "9", "--threads", "2", "--data-dir", "/y"), saved=saved)
+    assert (cfg.epochs, cfg.threads, cfg.workers, cfg.data_dir, cfg.clip_grad) == (7, 2, 3, "/y", None)
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["--epochs", "0"], "--epochs is out of range: 0"),
+        (["--warmup-epochs", "-1"], "--warmup-epochs is out of range: -1"),
+    ],
+)
+def test_out_of_range_values_are_user_errors(argv, message):
+    with pytest.raises(UsageError, match=message.replace("[", r"\[").replace("(", r"\(").replace(")", r"\)")):
+        resolve_config(parse(*argv))
