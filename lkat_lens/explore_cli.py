@@ -3,19 +3,8 @@
 from __future__ import annotations
 
 import argparse
-
-
-def add_arguments(parser: argparse.ArgumentParser) -> None:
-    """The `explore` subcommand's arguments."""
-    parser.add_argument("checkpoints", nargs="+", help="one or more lkat-lens checkpoints, shown side by side")
-    parser.add_argument("--data", help="dataset name (default: the checkpoint's)")
-    parser.add_argument("--data-dir", default="data", help="where cifar/imagefolder data live")
-    parser.add_argument("--num-images", type=int, default=32, help="held-out images analysed and shown")
-    parser.add_argument("--edges", type=int, default=8, help="edge functions per layer grid (most important first)")
-    parser.add_argument("--probe-images", type=int, default=256, help="training images the linear probes are fitted on")
-    parser.add_argument("--host", default="127.0.0.1", help="interface to bind (default: local only)")
-    parser.add_argument("--port", type=int, default=8050)
-    parser.add_argument("--debug", action="store_true", help="Dash debug mode (reloader, tracebacks in the page)")
+import errno
+import socket
 
 
 def cmd_explore(args: argparse.Namespace) -> None:
@@ -28,6 +17,7 @@ def cmd_explore(args: argparse.Namespace) -> None:
         raise ValueError(f"--edges must be at least 1, got {args.edges}")
     if args.probe_images < 2:
         raise ValueError(f"--probe-images must be at least 2, got {args.probe_images}")
+    check_port_free(args.host, args.port)
     app = create_app(
         args.checkpoints,
         data=args.data,
@@ -38,3 +28,14 @@ def cmd_explore(args: argparse.Namespace) -> None:
     )
     print(f"lkat-lens explorer on http://{args.host}:{args.port}/ (Ctrl+C to stop)")
     app.run(host=args.host, port=args.port, debug=args.debug)
+
+
+def check_port_free(host: str, port: int) -> None:
+    """Refuse a port another program already listens on, before any checkpoint is loaded."""
+    with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM) as probe:
+        try:
+            probe.bind((host, port))
+        except OSError as err:
+            if err.errno == errno.EADDRINUSE:
+                raise ValueError(f"port {port} on {host} is in use; pick another one with --port") from None
+            raise ValueError(f"cannot listen on {host}:{port} ({err.strerror})") from None

@@ -248,21 +248,6 @@ def _first(curves: EdgeCurves, k: int) -> EdgeCurves:
     )
 
 
-def add_arguments(parser: argparse.ArgumentParser) -> None:
-    """The `figures` subcommand's arguments."""
-    parser.add_argument("checkpoint")
-    parser.add_argument("--out", default="figures", help="output folder")
-    parser.add_argument("--format", choices=FORMATS, default="png", dest="fmt")
-    parser.add_argument("--blocks", default="all", help="'all' or block numbers such as 0,5,11")
-    parser.add_argument("--edges", type=int, default=16, help="edge functions per layer grid (most important first)")
-    parser.add_argument("--data", help="dataset name (default: the checkpoint's)")
-    parser.add_argument("--data-dir", default="data", help="where cifar/imagefolder data live")
-    parser.add_argument("--num-images", type=int, default=64, help="held-out images analysed")
-    parser.add_argument("--overlay-images", type=int, default=4, help="images shown with attention/attribution maps")
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--variant", help="registry name, for a reference-code state_dict")
-
-
 def cmd_figures(args: argparse.Namespace) -> None:
     """Write every figure of a checkpoint to args.out."""
     paths = make_figures(

@@ -1,6 +1,5 @@
 """Figure builders hold the data of the analyses they draw; `lkat-lens figures` writes every file."""
 
-import argparse
 import math
 import shutil
 
@@ -14,10 +13,10 @@ from tqdm.auto import tqdm
 from lkat_lens import figures, figures_cli
 from lkat_lens.analyses import attention, attributions, edge_functions, gates, parts, tokens
 from lkat_lens.checkpoint import CheckpointInfo
-from lkat_lens.cli import run_user_command
 from lkat_lens.data import Sample
 from lkat_lens.images import display_images
 from lkat_lens.study import Study
+from lkat_lens_cli import build_parser, run_user_command
 
 needs_chromium = pytest.mark.skipif(shutil.which("chromium") is None, reason="needs Debian chromium for kaleido export")
 
@@ -146,9 +145,7 @@ def _expected_names(blocks: list[int]) -> list[str]:
 
 def run_figures(argv: list[str]) -> int:
     """Run the `figures` subcommand as the CLI does (user errors exit 2)."""
-    parser = argparse.ArgumentParser(prog="lkat-lens figures")
-    figures_cli.add_arguments(parser)
-    args = parser.parse_args(argv)
+    args = build_parser().parse_args(["figures", *argv])
     return run_user_command(lambda: figures_cli.cmd_figures(args))
 
 

@@ -6,7 +6,7 @@ import sys
 
 import pytest
 
-from lkat_lens import cli
+import lkat_lens_cli as cli
 from lkat_lens.checkpoint import load
 
 SECTIONS = {"edge_functions", "gates", "cls_attention", "rollout", "tokens", "attributions", "probes"}
@@ -72,7 +72,7 @@ def test_info_prints_the_model_card(digits_checkpoint, capsys):
 def test_bad_checkpoint_exits_2_with_one_line(tmp_path, command):
     bad = tmp_path / "bad.pt"
     bad.write_bytes(b"not a checkpoint")
-    done = subprocess.run([sys.executable, "-m", "lkat_lens.cli", command, str(bad)], capture_output=True, text=True)
+    done = subprocess.run([sys.executable, "-m", "lkat_lens_cli", command, str(bad)], capture_output=True, text=True)
     assert done.returncode == 2
     assert done.stderr.count("\n") == 1 and "not a readable torch checkpoint" in done.stderr
     assert "Traceback" not in done.stderr

@@ -91,7 +91,7 @@ def callback_body(dependency: dict, values: dict[str, object], changed: str) -> 
 def server(digits_checkpoint, tmp_path_factory):
     """`lkat-lens explore` on a free port with its defaults; (base url, pid, port); stopped afterwards."""
     port = free_port()
-    command = [sys.executable, "-m", "lkat_lens.cli", "explore", str(digits_checkpoint), "--port", str(port)]
+    command = [sys.executable, "-m", "lkat_lens_cli", "explore", str(digits_checkpoint), "--port", str(port)]
     log = tmp_path_factory.mktemp("explorer") / "server.log"  # a file, not a pipe: the request log must not block
     with log.open("w") as sink:
         proc = subprocess.Popen([*command, "--num-images", "12", "--edges", "4"], stdout=sink, stderr=sink)

@@ -13,7 +13,7 @@ import pytest
 import torch
 
 import lkat_lens
-from lkat_lens import cli
+import lkat_lens_cli as cli
 from lkat_lens.checkpoint import FORMAT, CheckpointError, save_checkpoint
 
 MICRO = dict(img_size=16, patch_size=4, embed_dim=64, depth=4, num_heads=2, num_classes=10)
@@ -37,8 +37,8 @@ def write_evil(path: Path, marker: Path) -> None:
 
 
 def run_cli(*argv: str) -> subprocess.CompletedProcess:
-    """`python -m lkat_lens.cli ...` in a child process."""
-    return subprocess.run([sys.executable, "-m", "lkat_lens.cli", *argv], capture_output=True, text=True, timeout=120)
+    """`python -m lkat_lens_cli ...` in a child process."""
+    return subprocess.run([sys.executable, "-m", "lkat_lens_cli", *argv], capture_output=True, text=True, timeout=120)
 
 
 def assert_one_line_exit_2(proc: subprocess.CompletedProcess, match: str) -> None:

@@ -1,0 +1,140 @@
+"""The `lkat-lens` command line: one subcommand per job; user errors exit 2 with one message.
+
+This module sits outside the `lkat_lens` package on purpose: `import lkat_lens` imports torch and timm (it
+registers the models with timm), which takes seconds, while `lkat-lens --help` and argument errors must answer
+at once. Each subcommand imports its front end only once its arguments are parsed (docs/architecture.md).
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Callable, Sequence
+
+UserError = (FileNotFoundError, ValueError)  # lkat_lens.checkpoint.CheckpointError is a ValueError
+FIGURE_FORMATS = ("png", "svg", "pdf", "html")  # lkat_lens.figures_cli.FORMATS (a test keeps them equal)
+
+
+def cmd_info(args: argparse.Namespace) -> None:
+    """Print a checkpoint's model card."""
+    from lkat_lens.checkpoint import load
+    from lkat_lens.study import format_card, model_card
+
+    model, info = load(args.checkpoint, variant=args.variant)
+    print(format_card(model_card(model, info)))
+
+
+def cmd_analyze(args: argparse.Namespace) -> None:
+    """Run every analysis on a sample of the checkpoint's data and write a JSON report."""
+    import torch
+
+    from lkat_lens.report import analyze, write_report
+    from lkat_lens.study import Study
+
+    torch.manual_seed(args.seed)
+    study = Study.open(
+        args.checkpoint,
+        variant=args.variant,
+        data=args.data,
+        data_dir=args.data_dir,
+        num_images=args.num_images,
+        probe_images=args.probe_images,
+        attribution_images=args.attribution_images,
+    )
+    report = analyze(study)
+    write_report(report, args.out)
+    print(f"wrote {args.out} ({', '.join(k for k in report if k not in ('checkpoint', 'model', 'data', 'sample'))})")
+
+
+def cmd_figures(args: argparse.Namespace) -> None:
+    """Write every figure of a checkpoint to args.out."""
+    from lkat_lens.figures_cli import cmd_figures as run
+
+    run(args)
+
+
+def cmd_explore(args: argparse.Namespace) -> None:
+    """Serve the explorer."""
+    from lkat_lens.explore_cli import cmd_explore as run
+
+    run(args)
+
+
+def add_data_arguments(parser: argparse.ArgumentParser, num_images: int) -> None:
+    """Where a subcommand's images come from and how many it analyses."""
+    parser.add_argument("--data", help="dataset name (default: the checkpoint's)")
+    parser.add_argument("--data-dir", default="data", help="where cifar/imagefolder data live")
+    parser.add_argument("--num-images", type=int, default=num_images, help="held-out images analysed")
+
+
+def add_checkpoint_argument(parser: argparse.ArgumentParser) -> None:
+    """The checkpoint, and the variant for a reference-code state_dict."""
+    parser.add_argument("checkpoint")
+    parser.add_argument("--variant", help="registry name, for a reference-code state_dict")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The argument parser with every subcommand (defining it imports nothing heavy)."""
+    parser = argparse.ArgumentParser(prog="lkat-lens", description=__doc__.split("\n")[0])
+    sub = parser.add_subparsers(dest="command", required=True)
+    sub.add_parser("train", help="train LKAT or a baseline (`lkat-lens train --help` lists its options)")
+
+    info = sub.add_parser("info", help="print a checkpoint's model card")
+    add_checkpoint_argument(info)
+    info.set_defaults(func=cmd_info)
+
+    analyze = sub.add_parser("analyze", help="run every analysis and write a JSON report")
+    add_checkpoint_argument(analyze)
+    add_data_arguments(analyze, num_images=64)
+    analyze.add_argument("--probe-images", type=int, default=256, help="training images the probes fit on")
+    analyze.add_argument("--attribution-images", type=int, default=4)
+    analyze.add_argument("--seed", type=int, default=0)
+    analyze.add_argument("--out", default="report.json")
+    analyze.set_defaults(func=cmd_analyze)
+
+    figs = sub.add_parser("figures", help="write edge-function grids, gate, norm, attention and attribution figures")
+    add_checkpoint_argument(figs)
+    add_data_arguments(figs, num_images=64)
+    figs.add_argument("--out", default="figures", help="output folder")
+    figs.add_argument("--format", choices=FIGURE_FORMATS, default="png", dest="fmt")
+    figs.add_argument("--blocks", default="all", help="'all' or block numbers such as 0,5,11")
+    figs.add_argument("--edges", type=int, default=16, help="edge functions per layer grid (most important first)")
+    figs.add_argument("--overlay-images", type=int, default=4, help="images shown with attention/attribution maps")
+    figs.add_argument("--seed", type=int, default=0)
+    figs.set_defaults(func=cmd_figures)
+
+    explore = sub.add_parser("explore", help="serve the interactive explorer of one or more checkpoints")
+    explore.add_argument("checkpoints", nargs="+", help="one or more lkat-lens checkpoints, shown side by side")
+    add_data_arguments(explore, num_images=32)
+    explore.add_argument("--edges", type=int, default=8, help="edge functions per layer grid (most important first)")
+    explore.add_argument("--probe-images", type=int, default=256, help="training images the linear probes fit on")
+    explore.add_argument("--host", default="127.0.0.1", help="interface to bind (default: local only)")
+    explore.add_argument("--port", type=int, default=8050)
+    explore.add_argument("--debug", action="store_true", help="Dash debug mode (reloader, tracebacks in the page)")
+    explore.set_defaults(func=cmd_explore)
+    return parser
+
+
+def run_user_command(func: Callable[[], None]) -> int:
+    """Run `func`; a user error prints one line on stderr and returns exit code 2."""
+    try:
+        func()
+    except UserError as err:
+        print(f"lkat-lens: error: {err}", file=sys.stderr)
+        return 2
+    return 0
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point of the `lkat-lens` console script."""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv[:1] == ["train"]:  # the trainer parses its own options (python -m lkat_lens.train is the same)
+        from lkat_lens.train import main as train
+
+        return train(argv[1:])
+    args = build_parser().parse_args(argv)
+    return run_user_command(lambda: args.func(args))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

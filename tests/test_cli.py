@@ -1,0 +1,62 @@
+"""The `lkat-lens` command line: answers --help and argument errors without importing torch; one-line user errors."""
+
+from __future__ import annotations
+
+import shutil
+import socket
+import subprocess
+import sys
+
+import lkat_lens_cli
+from lkat_lens import figures_cli
+
+NO_TORCH = """
+import sys, lkat_lens_cli
+try:
+    lkat_lens_cli.main({argv!r})
+except SystemExit as end:
+    print("exit", end.code)
+print("torch imported:", "torch" in sys.modules)
+"""
+
+
+def run_cli_in_fresh_interpreter(argv: list[str]) -> subprocess.CompletedProcess:
+    code = NO_TORCH.format(argv=argv)
+    return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+
+
+def test_help_and_argument_errors_never_import_torch():
+    shown = run_cli_in_fresh_interpreter(["--help"])
+    assert "exit 0" in shown.stdout and "torch imported: False" in shown.stdout
+    assert all(name in shown.stdout for name in ("train", "info", "analyze", "figures", "explore"))
+    wrong = run_cli_in_fresh_interpreter(["figures", "ckpt.pt", "--format", "gif"])
+    assert "exit 2" in wrong.stdout and "torch imported: False" in wrong.stdout
+    assert "invalid choice: 'gif'" in wrong.stderr
+
+
+def test_console_script_is_installed():
+    assert shutil.which("lkat-lens", path=str(sys.exec_prefix) + "/bin") or shutil.which("lkat-lens")
+
+
+def test_figure_formats_match_the_figures_front_end():
+    assert lkat_lens_cli.FIGURE_FORMATS == figures_cli.FORMATS
+
+
+def test_train_subcommand_is_the_trainer(capsys):
+    try:
+        lkat_lens_cli.main(["train", "--help"])
+    except SystemExit as end:
+        assert end.code == 0
+    assert "--epochs" in capsys.readouterr().out
+
+
+def test_explore_on_a_port_in_use_exits_2_before_loading(digits_checkpoint):
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        port = busy.getsockname()[1]
+        argv = ["-m", "lkat_lens_cli", "explore", str(digits_checkpoint), "--port", str(port)]
+        done = subprocess.run([sys.executable, *argv], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 2
+    assert done.stderr == f"lkat-lens: error: port {port} on 127.0.0.1 is in use; pick another one with --port\n"
+    assert "running on" not in done.stdout.lower()
