@@ -131,7 +131,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if argv[:1] == ["train"]:  # the trainer parses its own options (python -m lkat_lens.train is the same)
         from lkat_lens.train import main as train
 
-        return train(argv[1:])
+        return train(argv[1:], prog="lkat-lens train")
     args = build_parser().parse_args(argv)
     return run_user_command(lambda: args.func(args))
 
