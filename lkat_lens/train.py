@@ -92,6 +92,8 @@ def build_parser(prog: str = "python -m lkat_lens.train") -> argparse.ArgumentPa
     g.add_argument("--kan-basis", choices=("shared", "channel", "edge"), default=None, help="KAN edge functions")
     g.add_argument("--kan-gated", action="store_true", default=None, help="gated residual in the KAN layers")
     g.add_argument("--drop-path", type=float, default=None, help="stochastic depth rate (default: the recipe's)")
+    g.add_argument("--drop", type=float, default=0.0, help="dropout rate after the embedding and in the MLPs")
+    g.add_argument("--attn-drop", type=float, default=0.0, help="dropout rate on softmax attention weights")
     g = p.add_argument_group("recipe")
     g.add_argument(
         "--recipe",
@@ -267,6 +269,10 @@ def model_kwargs_for(
             kwargs[flag] = getattr(cfg, flag)
     if cfg.drop_path is not None:
         kwargs["drop_path_rate"] = cfg.drop_path
+    if cfg.drop:  # passed only when set, so checkpoints of runs without dropout keep their kwargs
+        kwargs["drop_rate"] = cfg.drop
+    if cfg.attn_drop:
+        kwargs["attn_drop_rate"] = cfg.attn_drop
     if cfg.model in VARIANTS:
         kwargs.update(recipe.model_kwargs)
     return kwargs

@@ -55,7 +55,6 @@ class TrainConfig:
     clip_grad: float | None = None
     ema: bool = False
     ema_decay: float = 0.9998
-    kan_prune_reg: float = 0.0
     # run
     seed: int = 0
     device: str = "auto"
@@ -135,6 +134,4 @@ def resolve_config(
     for key in ("drop", "attn_drop"):
         if not 0.0 <= cfg[key] < 1.0:
             raise UsageError(f"--{key.replace('_', '-')} must lie in [0, 1): {cfg[key]}")
-    if cfg["kan_prune_reg"] < 0:
-        raise UsageError(f"--kan-prune-reg must be >= 0: {cfg['kan_prune_reg']}")
     return TrainConfig.from_dict(cfg)

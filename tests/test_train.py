@@ -346,3 +346,13 @@ def test_two_process_ddp_matches_one_process(tmp_path, capsys, folder):
         assert m2["val_top1"] == m1["val_top1"]
     for name, tensor in one["state_dict"].items():
         assert_close(two["state_dict"][name], tensor, rtol=1e-5, atol=1e-6)
+
+
+def test_dropout_flags_reach_the_model_and_its_checkpoint(tmp_path, capsys):
+    code, out, _ = train_cli(
+        capsys, "--drop 0.1 --attn-drop 0.2 --max-steps 1 --batch-size 32 --threads 1 --name d --out-dir", tmp_path
+    )
+    assert code == 0, out
+    model, info = lkat_lens.load(tmp_path / "d" / "last.pt")
+    assert (info.model_kwargs["drop_rate"], info.model_kwargs["attn_drop_rate"]) == (0.1, 0.2)
+    assert {m.p for m in model.modules() if isinstance(m, torch.nn.Dropout)} == {0.1, 0.2}

@@ -48,6 +48,8 @@ def test_resume_keeps_saved_settings_but_takes_this_invocations_and_given_machin
     ("argv", "message"),
     [
         (["--epochs", "0"], "--epochs is out of range: 0"),
+        (["--drop", "1.5"], "--drop must lie in [0, 1)"),
+        (["--attn-drop", "-0.1"], "--attn-drop must lie in [0, 1)"),
         (["--warmup-epochs", "-1"], "--warmup-epochs is out of range: -1"),
     ],
 )
