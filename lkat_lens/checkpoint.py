@@ -35,6 +35,7 @@ class CheckpointInfo:
     train: dict[str, Any] = field(default_factory=dict)
     metrics: list[dict[str, Any]] = field(default_factory=list)
     format: str = FORMAT
+    provenance: dict[str, str] = field(default_factory=dict)  # model_name / kwarg / data field -> where it came from
 
 
 def atomic_save(obj: Any, path: str | os.PathLike) -> None:
@@ -147,6 +148,11 @@ def extract_state_dict(obj: dict[str, Any]) -> dict[str, torch.Tensor]:
     return cleaned
 
 
+def is_reference_trainer_checkpoint(obj: dict[str, Any]) -> bool:
+    """Whether a loaded dict is the reference trainer's checkpoint: a `model` state_dict next to its `cfg`."""
+    return isinstance(obj.get("model"), dict) and "cfg" in obj
+
+
 def infer_model_kwargs(state_dict: dict[str, torch.Tensor], num_registers: int = 4) -> dict[str, Any]:
     """Read img_size, patch_size, in_chans, num_classes, grid size and KAN options off an LKAT state_dict."""
     try:
@@ -221,16 +227,25 @@ def load(
 ) -> tuple[nn.Module, CheckpointInfo]:
     """Rebuild the model of a checkpoint and return (model in eval mode, its metadata).
 
-    A reference-code state_dict (bare or wrapped) loads too when `variant` names the registry
-    model it was trained as, e.g. ``load("ref.pt", variant="lkat_tiny_patch16_224")``.
+    The reference trainer's checkpoint (`model`, `optimizer`, `epoch`, ..., `cfg`) loads as it is: the variant,
+    every model option and the dataset's normalisation come from its `cfg` (see `reference_cfg`). A bare or
+    wrapped reference-code state_dict loads when `variant` names the registry model it was trained as, e.g.
+    ``load("ref.pt", variant="lkat_tiny_patch16_224")``; its options are then read off the tensor shapes.
     """
     obj = read_checkpoint(path)
     if is_lkat_checkpoint(obj):
         info = _lkat_info(obj, path)
         state_dict = obj["state_dict"]
+    elif is_reference_trainer_checkpoint(obj):
+        from .reference_cfg import reference_info
+
+        state_dict = extract_state_dict(obj)
+        info = reference_info(obj, state_dict, str(path))
     elif variant is not None:
         state_dict = extract_state_dict(obj)
-        info = CheckpointInfo(str(path), variant, infer_model_kwargs(state_dict), format="reference")
+        kwargs = infer_model_kwargs(state_dict)
+        provenance = {"model_name": "variant argument", **{k: "state_dict shapes" for k in kwargs}}
+        info = CheckpointInfo(str(path), variant, kwargs, format="reference", provenance=provenance)
     else:
         raise CheckpointError(
             f"{path} is not an lkat-lens checkpoint (no 'format' key); if it is a reference-code state_dict, "

@@ -16,7 +16,7 @@ from torch import nn
 from lkat_lens.kernels.gla import gated_linear_attention, implicit_attention
 
 from .hooks import HookPoint
-from .rope import Rope2D
+from .rope import make_rope
 
 
 class ShortConvolution(nn.Conv1d):
@@ -44,7 +44,9 @@ def softmax_attention(
 class VisionGLA(nn.Module):
     """Gated Linear Attention for vision tokens: short convs, QK RMSNorm, 2D RoPE on patches, output gate.
 
-    Parameter names follow fla's GatedLinearAttention (expand_k = expand_v = 1) as the reference uses it.
+    Parameter names follow fla's GatedLinearAttention as the reference uses it: q/k (and the forget gate) have
+    key_dim = dim * expand_k channels, v and the output gate value_dim = dim * expand_v; `use_short_conv` adds
+    the depthwise causal convs (`conv_size` taps) on q, k and v; `rope_mode` picks the reference's RoPE layout.
     """
 
     def __init__(
@@ -53,31 +55,42 @@ class VisionGLA(nn.Module):
         num_heads: int,
         grid: tuple[int, int],
         *,
+        expand_k: float = 1.0,
+        expand_v: float = 1.0,
+        use_short_conv: bool = True,
         conv_size: int = 4,
         gate_low_rank_dim: int = 16,
         gate_logit_normalizer: float = 16.0,
+        rope_mode: str = "2dv1",
         rope_theta: float = 10000.0,
         qk_norm_eps: float = 1e-6,
         mode: str = "auto",
     ) -> None:
         super().__init__()
-        if dim % num_heads:
-            raise ValueError(f"dim {dim} is not divisible by num_heads {num_heads}")
-        self.num_heads, self.head_dim = num_heads, dim // num_heads
+        key_dim, value_dim = int(dim * expand_k), int(dim * expand_v)
+        if key_dim % num_heads or value_dim % num_heads:
+            raise ValueError(
+                f"key dim {key_dim} and value dim {value_dim} (dim {dim} x expand_k {expand_k} / expand_v "
+                f"{expand_v}) must be divisible by num_heads {num_heads}"
+            )
+        self.num_heads, self.head_dim, self.head_v_dim = num_heads, key_dim // num_heads, value_dim // num_heads
         self.gate_logit_normalizer, self.mode = gate_logit_normalizer, mode
-        self.q_proj = nn.Linear(dim, dim, bias=False)
-        self.k_proj = nn.Linear(dim, dim, bias=False)
-        self.v_proj = nn.Linear(dim, dim, bias=False)
-        self.g_proj = nn.Linear(dim, dim, bias=False)
-        self.q_conv1d = ShortConvolution(dim, conv_size)
-        self.k_conv1d = ShortConvolution(dim, conv_size)
-        self.v_conv1d = ShortConvolution(dim, conv_size)
-        self.gk_proj = nn.Sequential(nn.Linear(dim, gate_low_rank_dim, bias=False), nn.Linear(gate_low_rank_dim, dim))
-        self.o_proj = nn.Linear(dim, dim, bias=False)
+        self.q_proj = nn.Linear(dim, key_dim, bias=False)
+        self.k_proj = nn.Linear(dim, key_dim, bias=False)
+        self.v_proj = nn.Linear(dim, value_dim, bias=False)
+        self.g_proj = nn.Linear(dim, value_dim, bias=False)
+        convs = (key_dim, key_dim, value_dim) if use_short_conv else (None, None, None)
+        self.q_conv1d, self.k_conv1d, self.v_conv1d = (
+            ShortConvolution(width, conv_size) if width else nn.Identity() for width in convs
+        )
+        self.gk_proj = nn.Sequential(
+            nn.Linear(dim, gate_low_rank_dim, bias=False), nn.Linear(gate_low_rank_dim, key_dim)
+        )
+        self.o_proj = nn.Linear(value_dim, dim, bias=False)
         self.q_norm = RmsNorm(self.head_dim, eps=qk_norm_eps)
         self.k_norm = RmsNorm(self.head_dim, eps=qk_norm_eps)
-        self.g_norm = nn.LayerNorm(self.head_dim)
-        self.rotary = Rope2D(grid, self.head_dim, rope_theta)
+        self.g_norm = nn.LayerNorm(self.head_v_dim)
+        self.rotary = make_rope(rope_mode, grid, self.head_dim, rope_theta)
         self.hook_q, self.hook_k, self.hook_v = HookPoint(), HookPoint(), HookPoint()
         self.hook_gk, self.hook_pattern, self.hook_out = HookPoint(), HookPoint(), HookPoint()
 
@@ -94,10 +107,10 @@ class VisionGLA(nn.Module):
         return (pattern @ v.transpose(1, 2).to(pattern.dtype)).transpose(1, 2).to(v.dtype)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        heads = (self.num_heads, self.head_dim)
+        heads, v_heads = (self.num_heads, self.head_dim), (self.num_heads, self.head_v_dim)
         q = self.q_conv1d(self.q_proj(x)).unflatten(-1, heads)
         k = self.k_conv1d(self.k_proj(x)).unflatten(-1, heads)
-        v = self.hook_v(self.v_conv1d(self.v_proj(x)).unflatten(-1, heads))
+        v = self.hook_v(self.v_conv1d(self.v_proj(x)).unflatten(-1, v_heads))
         q = self.hook_q(self.rotary(self.q_norm(q)))
         k = self.hook_k(self.rotary(self.k_norm(k)))
         gk = self.hook_gk(F.logsigmoid(self.gk_proj(x).float()).unflatten(-1, heads) / self.gate_logit_normalizer)
@@ -107,10 +120,18 @@ class VisionGLA(nn.Module):
 
 
 class VisionMHSA(nn.Module):
-    """Bidirectional softmax attention with QK RMSNorm and 2D RoPE on patches (rbfKAT / reference KATT)."""
+    """Bidirectional softmax attention with QK RMSNorm and 2D RoPE on patches (rbfKAT / reference KATT);
+    `attn_drop` is dropout on the attention probabilities in training (the reference's SDPA dropout_p)."""
 
     def __init__(
-        self, dim: int, num_heads: int, grid: tuple[int, int], *, rope_theta: float = 10000.0, attn_drop: float = 0.0
+        self,
+        dim: int,
+        num_heads: int,
+        grid: tuple[int, int],
+        *,
+        rope_mode: str = "2dv1",
+        rope_theta: float = 10000.0,
+        attn_drop: float = 0.0,
     ) -> None:
         super().__init__()
         if dim % num_heads:
@@ -120,7 +141,7 @@ class VisionMHSA(nn.Module):
         self.q_norm = RmsNorm(self.head_dim, eps=1e-6)
         self.k_norm = RmsNorm(self.head_dim, eps=1e-6)
         self.proj = nn.Linear(dim, dim)
-        self.rotary = Rope2D(grid, self.head_dim, rope_theta)
+        self.rotary = make_rope(rope_mode, grid, self.head_dim, rope_theta)
         self.hook_q, self.hook_k, self.hook_v = HookPoint(), HookPoint(), HookPoint()
         self.hook_pattern, self.hook_out = HookPoint(), HookPoint()
 

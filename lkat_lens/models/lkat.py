@@ -1,4 +1,11 @@
-"""LKAT (GLA + RBF-KAN) and rbfKAT (MHSA + RBF-KAN): flat ViTs with registers and a last class token."""
+"""LKAT (GLA + RBF-KAN) and rbfKAT (MHSA + RBF-KAN): flat ViTs with registers and a last class token.
+
+Every option of the reference code's LKAT / KATT that changes the computation is a keyword here: `rope_mode`,
+`rope_theta`, `use_cls_token` (without it the head reads the mean of the patch tokens), `use_abs_pos`,
+`num_registers`, GLA's `use_short_conv`, `conv_size`, `expand_k`, `expand_v`, and dropout where the
+reference applies it: `drop_rate` after the position embedding, on the token mixer's output and after each KAN
+layer; `attn_drop_rate` on GLA's output (before the `drop_rate` dropout) or on MHSA's attention probabilities.
+"""
 
 from __future__ import annotations
 
@@ -26,16 +33,21 @@ class KANBlock(nn.Module):
         token_mixer: str,
         norm: str,
         kan_kwargs: dict,
+        mixer_kwargs: dict,
         drop: float = 0.0,
+        attn_drop: float = 0.0,
         drop_path: float = 0.0,
         attn_mode: str = "auto",
     ) -> None:
         super().__init__()
         self.norm1 = NORMS[norm](dim)
         if token_mixer == "gla":
-            self.attn = VisionGLA(dim, num_heads, grid, mode=attn_mode)
+            self.attn = VisionGLA(dim, num_heads, grid, mode=attn_mode, **mixer_kwargs)
+            self.attn_drop = nn.Dropout(attn_drop) if attn_drop > 0 else nn.Identity()
         else:
-            self.attn = VisionMHSA(dim, num_heads, grid)
+            self.attn = VisionMHSA(dim, num_heads, grid, attn_drop=attn_drop, **mixer_kwargs)
+            self.attn_drop = nn.Identity()  # MHSA drops attention probabilities itself
+        self.proj_drop = nn.Dropout(drop) if drop > 0 else nn.Identity()
         self.norm2 = NORMS[norm](dim)
         self.mlp = KAN(dim, mlp_hidden, drop=drop, **kan_kwargs)
         self.drop_path = DropPath(drop_path) if drop_path > 0 else nn.Identity()
@@ -43,12 +55,13 @@ class KANBlock(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         x = self.hook_resid_pre(x)
-        x = self.hook_resid_mid(x + self.drop_path(self.attn(self.norm1(x))))
+        mixed = self.proj_drop(self.attn_drop(self.attn(self.norm1(x))))
+        x = self.hook_resid_mid(x + self.drop_path(mixed))
         return self.hook_resid_post(x + self.drop_path(self.mlp(self.norm2(x))))
 
 
 class LKAT(HookedModel):
-    """Linear Kolmogorov-Arnold Transformer. Tokens: [patches (N), registers (R), class token]."""
+    """Linear Kolmogorov-Arnold Transformer. Tokens: [patches (N), registers (R), class token (if any)]."""
 
     token_mixer = "gla"
     norm_type = "layernorm"
@@ -72,21 +85,34 @@ class LKAT(HookedModel):
         kan_layernorm: bool = False,
         kan_base_update: bool = False,
         drop_rate: float = 0.0,
+        attn_drop_rate: float = 0.0,
         drop_path_rate: float = 0.0,
+        use_cls_token: bool = True,
+        use_abs_pos: bool = True,
+        rope_mode: str = "2dv1",
+        rope_theta: float = 10000.0,
+        use_short_conv: bool = True,
+        conv_size: int = 4,
+        expand_k: float = 1.0,
+        expand_v: float = 1.0,
         attn_mode: str = "auto",
-        global_pool: str = "token",
+        global_pool: str | None = None,
     ) -> None:
         super().__init__()
-        if global_pool != "token":
-            raise ValueError("LKAT classifies from its class token; global_pool must be 'token'")
+        pool = "token" if use_cls_token else "avg"
+        if global_pool not in (None, pool):
+            raise ValueError(f"this LKAT pools with {pool!r} (use_cls_token={use_cls_token}), not {global_pool!r}")
+        if num_registers < 1:
+            raise ValueError(f"num_registers must be >= 1, got {num_registers}")
         self.num_classes, self.num_features, self.embed_dim = num_classes, embed_dim, embed_dim
-        self.num_registers = num_registers
+        self.num_registers, self.use_cls_token, self.global_pool = num_registers, bool(use_cls_token), pool
         self.patch_embed = PatchEmbed(img_size, patch_size, in_chans, embed_dim)
         self.grid_size = tuple(self.patch_embed.grid_size)
         self.num_patches = self.patch_embed.num_patches
         self.register_tokens = nn.Parameter(torch.zeros(1, num_registers, embed_dim))
-        self.cls_token = nn.Parameter(torch.zeros(1, 1, embed_dim))
-        self.pos_embed = nn.Parameter(torch.zeros(1, self.num_patches + num_registers + 1, embed_dim))
+        self.cls_token = nn.Parameter(torch.zeros(1, 1, embed_dim)) if use_cls_token else None
+        num_tokens = self.num_patches + num_registers + int(self.use_cls_token)
+        self.pos_embed = nn.Parameter(torch.zeros(1, num_tokens, embed_dim)) if use_abs_pos else None
         self.pos_drop = nn.Dropout(drop_rate)
         self.hook_embed = HookPoint()
         kan_kwargs = dict(
@@ -98,6 +124,11 @@ class LKAT(HookedModel):
             use_base_update=kan_base_update,
             gated=kan_gated,
         )
+        mixer_kwargs: dict = dict(rope_mode=rope_mode, rope_theta=rope_theta)
+        if self.token_mixer == "gla":
+            mixer_kwargs |= dict(
+                use_short_conv=use_short_conv, conv_size=conv_size, expand_k=expand_k, expand_v=expand_v
+            )
         rates = [drop_path_rate * i / max(depth - 1, 1) for i in range(depth)]
         self.blocks = nn.ModuleList(
             KANBlock(
@@ -108,7 +139,9 @@ class LKAT(HookedModel):
                 token_mixer=self.token_mixer,
                 norm=self.norm_type,
                 kan_kwargs=kan_kwargs,
+                mixer_kwargs=mixer_kwargs,
                 drop=drop_rate,
+                attn_drop=attn_drop_rate,
                 drop_path=rate,
                 attn_mode=attn_mode,
             )
@@ -123,7 +156,8 @@ class LKAT(HookedModel):
     def _init_weights(self) -> None:
         """Reference initialisation: tokens and plain Linears trunc-normal(0.02); KAN and GLA keep their own."""
         for p in (self.pos_embed, self.cls_token, self.register_tokens):
-            trunc_normal_(p, std=0.02)
+            if p is not None:
+                trunc_normal_(p, std=0.02)
         own_init = {sub for m in self.modules() if isinstance(m, VisionGLA) for sub in m.modules()}
         own_init |= {
             getattr(m, name)
@@ -142,7 +176,10 @@ class LKAT(HookedModel):
     def token_layout(self) -> dict[str, slice]:
         """Where each token type sits in the sequence."""
         n, r = self.num_patches, self.num_registers
-        return {"patches": slice(0, n), "registers": slice(n, n + r), "cls": slice(n + r, n + r + 1)}
+        layout = {"patches": slice(0, n), "registers": slice(n, n + r)}
+        if self.use_cls_token:
+            layout["cls"] = slice(n + r, n + r + 1)
+        return layout
 
     def set_backends(self, attn: str | None = None, kan: str | None = None) -> LKAT:
         """Choose the GLA mode (kernels.gla.MODES: auto/chunk/fused_recurrent/short/torch) and the KAN layers'
@@ -157,7 +194,7 @@ class LKAT(HookedModel):
     @torch.jit.ignore
     def no_weight_decay(self) -> set[str]:
         """Parameters exempt from weight decay."""
-        return {"pos_embed", "cls_token", "register_tokens"}
+        return {name for name in ("pos_embed", "cls_token", "register_tokens") if getattr(self, name) is not None}
 
     def get_classifier(self) -> nn.Module:
         """The classification head."""
@@ -172,18 +209,21 @@ class LKAT(HookedModel):
             nn.init.zeros_(self.head.bias)
 
     def forward_features(self, x: torch.Tensor) -> torch.Tensor:
-        """Images [B, C, H, W] -> normalised tokens [B, N+R+1, D]."""
+        """Images [B, C, H, W] -> normalised tokens [B, N+R(+1), D]."""
         x = self.patch_embed(x)
         b = x.shape[0]
-        x = torch.cat([x, self.register_tokens.expand(b, -1, -1), self.cls_token.expand(b, -1, -1)], dim=1)
-        x = self.hook_embed(self.pos_drop(x + self.pos_embed))
+        extra = [t.expand(b, -1, -1) for t in (self.register_tokens, self.cls_token) if t is not None]
+        x = torch.cat([x, *extra], dim=1)
+        if self.pos_embed is not None:
+            x = x + self.pos_embed
+        x = self.hook_embed(self.pos_drop(x))
         for block in self.blocks:
             x = block(x)
         return self.hook_final(self.norm(x))
 
     def forward_head(self, x: torch.Tensor, pre_logits: bool = False) -> torch.Tensor:
-        """Tokens -> logits, read from the class token (the last one)."""
-        x = x[:, -1]
+        """Tokens -> logits, read from the class token (the last one), or the mean of the patch tokens without it."""
+        x = x[:, -1] if self.use_cls_token else x[:, : self.num_patches].mean(dim=1)
         return x if pre_logits else self.head(x)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:

@@ -1,9 +1,11 @@
-"""2D rotary position embedding ("2dv1") for patch tokens, as in the reference code."""
+"""2D rotary position embeddings for patch tokens, in the reference code's two layouts ("2dv1" and "2dv0")."""
 
 from __future__ import annotations
 
 import torch
 from torch import nn
+
+ROPE_MODES = ("2dv1", "2dv0")
 
 
 def rope_2d_angles(grid: tuple[int, int], head_dim: int, theta: float = 10000.0, base_size: int = 14) -> torch.Tensor:
@@ -20,8 +22,24 @@ def rope_2d_angles(grid: tuple[int, int], head_dim: int, theta: float = 10000.0,
     return torch.stack([x_ang, y_ang], dim=-1).reshape(h * w, head_dim // 2).float()
 
 
+def rope_2dv0_tables(grid: tuple[int, int], head_dim: int, theta: float = 10000.0) -> tuple[torch.Tensor, torch.Tensor]:
+    """ "2dv0" per-channel (cos, sin) tables [H*W, head_dim]: first half row angles, second half column angles,
+    each half its frequencies repeated twice (so the two channels of a rotated pair may differ in frequency)."""
+    if head_dim % 4:
+        raise ValueError(f"2D RoPE needs a head dim divisible by 4, got {head_dim}")
+    h, w = grid
+    half = head_dim // 2
+    freqs = 1.0 / theta ** (torch.arange(0, half, 2, dtype=torch.float32) / half)
+    rows = (torch.arange(h, dtype=torch.float32) / h * half)[:, None] @ freqs[None, :]
+    cols = (torch.arange(w, dtype=torch.float32) / w * half)[:, None] @ freqs[None, :]
+    rows, cols = rows.repeat(1, 2), cols.repeat(1, 2)
+    angles = torch.cat([rows[:, None, :].expand(h, w, half), cols[None, :, :].expand(h, w, half)], dim=-1)
+    angles = angles.reshape(h * w, head_dim)
+    return angles.cos(), angles.sin()
+
+
 class Rope2D(nn.Module):
-    """Rotates consecutive channel pairs of the first H*W tokens of q/k [B, T, heads, head_dim]."""
+    """ "2dv1": rotates consecutive channel pairs of the first H*W tokens of q/k [B, T, heads, head_dim]."""
 
     def __init__(self, grid: tuple[int, int], head_dim: int, theta: float = 10000.0) -> None:
         super().__init__()
@@ -32,10 +50,43 @@ class Rope2D(nn.Module):
         self.register_buffer("sin", angles.sin()[None, :, None, :], persistent=False)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        n = self.num_patches
-        if x.shape[1] < n:
-            raise ValueError(f"sequence of {x.shape[1]} tokens is shorter than the {n} patches")
+        n = _check_length(x, self.num_patches)
         patches = x[:, :n].float().unflatten(-1, (-1, 2))
         even, odd = patches.unbind(-1)
         rotated = torch.stack([even * self.cos - odd * self.sin, even * self.sin + odd * self.cos], dim=-1)
         return torch.cat([rotated.flatten(-2).to(x.dtype), x[:, n:]], dim=1)
+
+
+class Rope2DV0(nn.Module):
+    """ "2dv0": x * cos + pair_rotate(x) * sin with per-channel tables over the first H*W tokens of q/k
+    [B, T, heads, head_dim]. The tables are persistent buffers `freqs_cos` / `freqs_sin` [H*W, head_dim], as in
+    the reference's state_dicts, so a loaded checkpoint uses its own stored tables."""
+
+    def __init__(self, grid: tuple[int, int], head_dim: int, theta: float = 10000.0) -> None:
+        super().__init__()
+        self.grid = grid
+        self.num_patches = grid[0] * grid[1]
+        cos, sin = rope_2dv0_tables(grid, head_dim, theta)
+        self.register_buffer("freqs_cos", cos)
+        self.register_buffer("freqs_sin", sin)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        n = _check_length(x, self.num_patches)
+        patches = x[:, :n].float()
+        even, odd = patches.unflatten(-1, (-1, 2)).unbind(-1)
+        turned = torch.stack([-odd, even], dim=-1).flatten(-2)
+        rotated = patches * self.freqs_cos[:, None, :] + turned * self.freqs_sin[:, None, :]
+        return torch.cat([rotated.to(x.dtype), x[:, n:]], dim=1)
+
+
+def make_rope(mode: str, grid: tuple[int, int], head_dim: int, theta: float = 10000.0) -> nn.Module:
+    """The RoPE module of a reference `rope_mode`."""
+    if mode not in ROPE_MODES:
+        raise ValueError(f"rope_mode must be one of {ROPE_MODES}, got {mode!r}")
+    return (Rope2D if mode == "2dv1" else Rope2DV0)(grid, head_dim, theta)
+
+
+def _check_length(x: torch.Tensor, n: int) -> int:
+    if x.shape[1] < n:
+        raise ValueError(f"sequence of {x.shape[1]} tokens is shorter than the {n} patches")
+    return n
