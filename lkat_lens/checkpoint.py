@@ -153,19 +153,27 @@ def is_reference_trainer_checkpoint(obj: dict[str, Any]) -> bool:
     return isinstance(obj.get("model"), dict) and "cfg" in obj
 
 
-def infer_model_kwargs(state_dict: dict[str, torch.Tensor], num_registers: int = 4) -> dict[str, Any]:
-    """Read img_size, patch_size, in_chans, num_classes, grid size and KAN options off an LKAT state_dict."""
+def infer_model_kwargs(state_dict: dict[str, torch.Tensor]) -> dict[str, Any]:
+    """Read the options of an LKAT/rbfKAT state_dict off its keys and shapes: image and patch size, classes,
+    registers, class token, absolute positions, KAN grid and form, GLA convs and widths, the 2dv0 RoPE tables.
+
+    What leaves no trace in the tensors keeps the variant's default: `rope_theta` of the 2dv1 RoPE (2dv0 stores
+    its tables) and, without `pos_embed` or 2dv0 tables, the image size.
+    """
     try:
         proj = state_dict["patch_embed.proj.weight"]
-        tokens = state_dict["pos_embed"].shape[1]
+        registers = state_dict["register_tokens"].shape[1]
         grid = state_dict["blocks.0.mlp.fc1.rbf.grid"]
     except KeyError as err:
         raise CheckpointError(f"not an LKAT/rbfKAT state_dict: it has no {err.args[0]!r}") from None
-    side = math.isqrt(tokens - num_registers - 1)
+    dim, patch = proj.shape[0], proj.shape[-1]
+    has_cls = "cls_token" in state_dict
     kwargs: dict[str, Any] = {
-        "img_size": side * proj.shape[-1],
-        "patch_size": proj.shape[-1],
+        "patch_size": patch,
         "in_chans": proj.shape[1],
+        "num_registers": registers,
+        "use_cls_token": has_cls,
+        "use_abs_pos": "pos_embed" in state_dict,
         "kan_num_grids": grid.numel(),
         "kan_grid_min": float(grid[0]),
         "kan_grid_max": float(grid[-1]),
@@ -174,6 +182,20 @@ def infer_model_kwargs(state_dict: dict[str, torch.Tensor], num_registers: int =
         "kan_gated": "blocks.0.mlp.fc1.gat_resid.weight" in state_dict,
         "num_classes": state_dict["head.weight"].shape[0] if "head.weight" in state_dict else 0,
     }
+    v0_table = state_dict.get("blocks.0.attn.rotary.freqs_cos")
+    if "pos_embed" in state_dict:
+        kwargs["img_size"] = math.isqrt(state_dict["pos_embed"].shape[1] - registers - int(has_cls)) * patch
+    elif v0_table is not None:
+        kwargs["img_size"] = math.isqrt(v0_table.shape[0]) * patch
+    if v0_table is not None:
+        kwargs["rope_mode"] = "2dv0"
+    if "blocks.0.attn.q_proj.weight" in state_dict:  # GLA
+        conv = state_dict.get("blocks.0.attn.q_conv1d.weight")
+        kwargs["use_short_conv"] = conv is not None
+        if conv is not None:
+            kwargs["conv_size"] = conv.shape[-1]
+        kwargs["expand_k"] = state_dict["blocks.0.attn.q_proj.weight"].shape[0] / dim
+        kwargs["expand_v"] = state_dict["blocks.0.attn.v_proj.weight"].shape[0] / dim
     if "blocks.0.mlp.fc1.grid_weight" in state_dict:
         kwargs["kan_basis"] = "channel"
     elif "blocks.0.mlp.fc1.spline_linear.weight" in state_dict:

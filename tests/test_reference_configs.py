@@ -17,7 +17,7 @@ from lkat_lens.checkpoint import CheckpointError
 from lkat_lens.models.rope import Rope2DV0
 from tests.tolerance import assert_close
 
-IMG, PATCH, DIM, DEPTH, HEADS = 16, 4, 32, 2, 2  # 4x4 patches, head dim 16
+IMG, PATCH, DIM, DEPTH, HEADS = 16, 4, 64, 4, 2  # lkat_micro's sizes: 4x4 patches, head dim 32
 BASE_CFG = {"embed_dim": DIM, "depth": DEPTH, "num_heads": HEADS, "input_size": IMG, "patch_size": PATCH}
 BASE_CFG |= {"dataset": "cifar10", "lr": 3e-4, "epochs": 50, "batch_size": 256, "kan_compile": True}
 
@@ -300,11 +300,13 @@ def test_reference_checkpoint_gives_the_reference_logits_and_gradients(tmp_path,
     assert_close(logits, expected, rtol=1e-4, atol=1e-5)
     (expected * torch.arange(1, 11)).sum().backward()
     (logits * torch.arange(1, 11)).sum().backward()
-    assert_close(x_ours.grad, x_ref.grad, rtol=1e-4, atol=1e-5)
+    # gradients sum over many more fp32 products (and the two GLA forms sum in different orders): looser, still
+    # scaled to the gradient's magnitude
+    assert_close(x_ours.grad, x_ref.grad, rtol=1e-3, atol=1e-4)
     ours_grads = dict(ours.named_parameters())
     for name, p in params.items():
         if p.requires_grad:
-            assert_close(ours_grads[name].grad, p.grad, rtol=1e-4, atol=1e-5, msg=name)
+            assert_close(ours_grads[name].grad, p.grad, rtol=1e-3, atol=1e-4, msg=name)
 
     if o["drop"] or o["attn_drop"]:  # training mode: the same dropout masks at the same places
         ours.train()
@@ -314,6 +316,22 @@ def test_reference_checkpoint_gives_the_reference_logits_and_gradients(tmp_path,
         expected = reference_forward(sd, o, images, train=True)
         torch.manual_seed(5)
         assert_close(ours(images), expected, rtol=1e-4, atol=1e-5)
+
+
+SHAPE_VISIBLE = [c for c in LKAT_CASES if c not in ("rope_theta", "rope_2dv0_theta", "dropout_rates")]
+
+
+@pytest.mark.parametrize("case", SHAPE_VISIBLE)
+def test_bare_state_dict_with_a_variant_reads_the_options_off_the_shapes(tmp_path, case):
+    """Without cfg: registers, class token, positions, convs, widths, KAN grid and 2dv0 tables come from shapes."""
+    cfg = {**BASE_CFG, "model": "LKAT-T", **LKAT_CASES[case]}
+    o = options(cfg)
+    sd = reference_state_dict(o)
+    torch.save(sd, tmp_path / "bare.pth")
+    model, info = lkat_lens.load(tmp_path / "bare.pth", variant="lkat_micro")
+    assert info.provenance["model_name"] == "variant argument"
+    images = torch.randn(2, 3, IMG, IMG, generator=torch.Generator().manual_seed(2))
+    assert_close(model(images), reference_forward(sd, o, images), rtol=1e-4, atol=1e-5)
 
 
 def test_provenance_names_the_source_of_every_option(tmp_path):
@@ -370,7 +388,7 @@ def test_2dv0_tables_match_the_reference_formula():
 
 
 def test_drop_path_rates_follow_the_reference_schedule(tmp_path):
-    cfg = {**BASE_CFG, "model": "LKAT-T", "depth": 2, "drop_path_rate": 0.1}
+    cfg = {**BASE_CFG, "model": "LKAT-T", "drop_path_rate": 0.1}
     model, _ = lkat_lens.load(write_reference_checkpoint(tmp_path / "c.pth", reference_state_dict(options(cfg)), cfg))
     rates = [getattr(b.drop_path, "drop_prob", 0.0) for b in model.blocks]
     assert rates == pytest.approx(torch.linspace(0, 0.1, DEPTH).tolist())
@@ -428,3 +446,19 @@ def test_cfg_that_is_not_a_dict_is_refused(tmp_path):
     torch.save({"model": sd, "epoch": 1, "cfg": ["LKAT-T"]}, path)
     with pytest.raises(CheckpointError, match="'cfg' is a list, not a dict"):
         lkat_lens.load(path)
+
+
+@pytest.mark.parametrize("model_name", ["LKAT-T", "KATT-S"])
+def test_hooked_attention_pattern_path_keeps_the_reference_logits(tmp_path, model_name):
+    """With hook_pattern hooked the pattern is materialised (o = pattern @ v); the options flow through it too."""
+    extra = (
+        LKAT_CASES["everything"] if model_name == "LKAT-T" else KATT_CASES["no_cls_no_abs_pos"] | {"rope_mode": "2dv0"}
+    )
+    cfg = {**BASE_CFG, "model": model_name, **extra}
+    o = options(cfg)
+    sd = reference_state_dict(o)
+    model, _ = lkat_lens.load(write_reference_checkpoint(tmp_path / "c.pth", sd, cfg))
+    images = torch.randn(2, 3, IMG, IMG, generator=torch.Generator().manual_seed(3))
+    logits, cache = model.run_with_cache(images, names=lambda name: name.endswith("hook_pattern"))
+    assert len(cache) == DEPTH
+    assert_close(logits, reference_forward(sd, o, images), rtol=1e-4, atol=1e-5)
