@@ -43,6 +43,7 @@ from .checkpoint import (
 )
 from .models import VARIANTS, create_model
 from .seeding import epoch_seed, rng_state, seed_all, set_rng_state
+from .telemetry import Telemetry, probe_batch
 from .train_config import FALLBACK_MODEL, TrainConfig, UsageError, resolve_config
 
 
@@ -153,6 +154,17 @@ def build_parser(prog: str = "python -m lkat_lens.train") -> argparse.ArgumentPa
         help="stop after this many optimizer steps in total (smoke tests, benchmarks); the epoch it stops "
         "in counts as done",
     )
+    g = p.add_argument_group("telemetry and snapshots (docs/telemetry.md)")
+    g.add_argument(
+        "--no-telemetry",
+        dest="telemetry",
+        action="store_false",
+        help="do not write telemetry.jsonl (per-block gates, KAN coverage, token norms at the end of each epoch)",
+    )
+    g.add_argument("--telemetry-every", type=int, default=None, metavar="N", help="also record every N steps")
+    g.add_argument("--telemetry-images", type=int, default=16, help="validation images in the probe batch")
+    g.add_argument("--snapshot-every", type=int, default=None, metavar="N", help="keep epoch_NNN.pt every N epochs")
+    g.add_argument("--keep", type=int, default=None, metavar="K", help="keep only the newest K epoch snapshots")
     return p
 
 
@@ -181,6 +193,7 @@ class Run:
     epoch: int = 0  # completed epochs
     step: int = 0  # optimizer steps taken
     metrics: list[dict[str, Any]] = field(default_factory=list)
+    telemetry: Telemetry | None = None  # rank 0 of a run with telemetry on
 
     @property
     def best_top1(self) -> float:
@@ -357,6 +370,8 @@ def train_one_epoch(run: Run) -> dict[str, float]:
         run.scheduler.step_update(run.step)
         if run.ema is not None:
             run.ema.update(run.model, step=run.step)
+        if run.telemetry is not None and cfg.telemetry_every and run.step % cfg.telemetry_every == 0:
+            run.telemetry.record(run.model, kind="step", epoch=run.epoch, step=run.step)
         total, steps, images_seen = total + value, steps + 1, images_seen + images.shape[0]
         bar.set_postfix(loss=f"{value:.4f}", refresh=False)
         if cfg.max_steps is not None and run.step >= cfg.max_steps:
@@ -463,6 +478,13 @@ def restore_run(run: Run, ckpt: dict[str, Any]) -> None:
             f"note: resumed on {run.dist.world_size} ranks from a {len(rngs)}-rank run; "
             "random streams are reseeded, so the continuation is not bit-identical",
         )
+
+
+def prune_snapshots(run_dir: Path, keep: int | None) -> None:
+    """Delete all but the newest `keep` epoch_NNN.pt snapshots (None: keep all)."""
+    snapshots = sorted(run_dir.glob("epoch_*.pt"), key=lambda p: int(p.stem.split("_")[1]))
+    for old in snapshots[: -keep if keep else 0]:
+        old.unlink(missing_ok=True)
 
 
 def write_metrics(path: Path, metrics: list[dict[str, Any]]) -> None:
@@ -614,6 +636,10 @@ def setup_run(args: argparse.Namespace, info: lkdist.DistInfo) -> Run:
     )
     if resume is not None:
         restore_run(run, resume)
+    if cfg.telemetry and info.is_main:
+        probe = probe_batch(val_ds, cfg.telemetry_images, cfg.seed)
+        run.telemetry = Telemetry(run_dir, probe, lambda message: log(info, message))
+        run.telemetry.resume(run.epoch, run.step)
     n_params = sum(p.numel() for p in model.parameters())
     log(
         info,
@@ -632,7 +658,7 @@ def train(run: Run) -> None:
         run.run_dir.mkdir(parents=True, exist_ok=True)
     last = run.run_dir / "last.pt"
     while run.epoch < cfg.epochs and (cfg.max_steps is None or run.step < cfg.max_steps):
-        start = time.perf_counter()
+        start, saved_step = time.perf_counter(), run.step
         if info.device.type == "cuda":
             torch.cuda.reset_peak_memory_stats(info.device)
         try:
@@ -653,11 +679,21 @@ def train(run: Run) -> None:
             stats["max_mem_gb"] = torch.cuda.max_memory_allocated(info.device) / 2**30
         is_best = stats["val_top1"] > run.best_top1
         run.metrics.append(stats)
+        if run.telemetry is not None:  # before last.pt: a record past the checkpoint is dropped on resume
+            run.telemetry.record(run.model, kind="epoch", epoch=run.epoch, step=run.step)
         rngs = lkdist.gather_objects(rng_state(info.device), info.world_size)
         if info.is_main:
-            save_run(run, last, rngs)
+            try:
+                save_run(run, last, rngs)
+            except CheckpointWriteError:
+                if run.telemetry is not None:  # the telemetry file goes back to what last.pt holds
+                    run.telemetry.resume(run.epoch - 1, saved_step)
+                raise
             if is_best:
                 save_run(run, run.run_dir / "best.pt", None)
+            if cfg.snapshot_every and run.epoch % cfg.snapshot_every == 0:
+                save_run(run, run.run_dir / f"epoch_{run.epoch:03d}.pt", None)
+                prune_snapshots(run.run_dir, cfg.keep)
             write_metrics(run.run_dir / "metrics.jsonl", run.metrics)
         log(info, summary_line(stats, cfg.epochs))
     lkdist.barrier()

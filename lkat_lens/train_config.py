@@ -68,7 +68,7 @@ class TrainConfig:
     # telemetry and snapshots
     telemetry: bool = True
     telemetry_every: int | None = None
-    telemetry_images: int = 32
+    telemetry_images: int = 16
     snapshot_every: int | None = None
     keep: int | None = None
 
@@ -131,6 +131,8 @@ def resolve_config(
     for key, low in minimum.items():
         if cfg[key] is not None and cfg[key] < low:
             raise UsageError(f"--{key.replace('_', '-')} is out of range: {cfg[key]}")
+    if cfg["keep"] is not None and cfg["snapshot_every"] is None:
+        raise UsageError("--keep K needs --snapshot-every N (it keeps the newest K epoch snapshots)")
     for key in ("drop", "attn_drop"):
         if not 0.0 <= cfg[key] < 1.0:
             raise UsageError(f"--{key.replace('_', '-')} must lie in [0, 1): {cfg[key]}")

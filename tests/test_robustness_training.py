@@ -20,6 +20,7 @@ from test_data import write_image_folder
 
 import lkat_lens
 from lkat_lens import train as lktrain
+from lkat_lens.telemetry_records import read_telemetry
 
 ARGS = "--model lkat_micro --img-size 16 --epochs 2 --batch-size 4 --threads 1 --name run --data imagefolder".split()
 
@@ -82,10 +83,12 @@ def test_sigkill_during_checkpoint_write_keeps_previous_and_resume_continues(tmp
     assert len(leftovers) == 1  # the killed temp file stays behind under a hidden name; last.pt is untouched
     model, info = lkat_lens.load(run / "last.pt")
     assert info.train["epoch"] == 1 and len(info.metrics) == 1
+    assert [r["epoch"] for r in read_telemetry(run)] == [1, 2]  # epoch 2's record precedes its last.pt
     assert lktrain.main(["--resume", str(run / "last.pt"), "--threads", "1"]) == 0
     assert "resuming after epoch 1" in capsys.readouterr().out
     _, info = lkat_lens.load(run / "last.pt")
     assert info.train["epoch"] == 2 and [m["epoch"] for m in info.metrics] == [1, 2]
+    assert [r["epoch"] for r in read_telemetry(run)] == [1, 2]  # one line per epoch: no gap, no duplicate
 
 
 def test_disk_full_during_save_loses_nothing_already_saved(tmp_path, monkeypatch, capsys, folder):

@@ -21,6 +21,7 @@ import lkat_lens
 from lkat_lens import create_model, seeding
 from lkat_lens import data as lkdata
 from lkat_lens import train as lktrain
+from lkat_lens.telemetry_records import read_telemetry
 
 MICRO = "--model lkat_micro --img-size 16 --threads 1"
 
@@ -337,6 +338,7 @@ def test_two_process_ddp_matches_one_process(tmp_path, capsys, folder):
     )
     assert multi.returncode == 0, multi.stderr
     assert multi.stdout.count("epoch 1/2 |") == 1  # rank 0 alone logs
+    assert [r["epoch"] for r in read_telemetry(tmp_path / "two")] == [1, 2]  # and writes telemetry once
     one = torch.load(tmp_path / "one" / "last.pt", weights_only=True)
     two = torch.load(tmp_path / "two" / "last.pt", weights_only=True)
     assert two["train"]["world_size"] == 2 and len(two["rng"]["ranks"]) == 2 and two["train"]["step"] == 2
