@@ -175,14 +175,24 @@ def diagnose(record: dict[str, Any]) -> list[tuple[str, str]]:
 class Telemetry:
     """Writes a run's telemetry records and prints each diagnostic once."""
 
-    def __init__(self, run_dir: Path, probe: torch.Tensor, log: Callable[[str], None], top_k: int = TOP_EDGES):
+    def __init__(
+        self,
+        run_dir: Path,
+        probe: torch.Tensor,
+        log: Callable[[str], None],
+        top_k: int = TOP_EDGES,
+        quiet_epochs: int = 0,
+    ):
+        """`quiet_epochs`: epochs recorded but not diagnosed (the trainer passes the lr warmup's)."""
         self.path, self.probe, self.log, self.top_k = telemetry_path(run_dir), probe, log, top_k
+        self.quiet_epochs = quiet_epochs
         self.seen: set[str] = set()
 
     def resume(self, epoch: int, step: int) -> None:
         """Continue after a checkpoint at (epoch, step): later records are dropped, diagnostics stay said once."""
         for record in keep_records_up_to(self.path, epoch, step):
-            self.seen.update(key for key, _ in diagnose(record))
+            if record["kind"] == "epoch" and record["epoch"] > self.quiet_epochs:
+                self.seen.update(key for key, _ in diagnose(record))
 
     def record(self, model: nn.Module, *, kind: str, epoch: int, step: int) -> dict[str, Any]:
         """Measure the model on the probe batch, append the record and log new diagnostics; returns the record."""
@@ -192,7 +202,7 @@ class Telemetry:
         record.update(blocks=blocks, cost_s=time.perf_counter() - start)
         self.path.parent.mkdir(parents=True, exist_ok=True)
         append_record(self.path, record)
-        for key, message in diagnose(record) if kind == "epoch" else ():
+        for key, message in diagnose(record) if kind == "epoch" and epoch > self.quiet_epochs else ():
             if key not in self.seen:
                 self.seen.add(key)
                 self.log(f"diagnostic: {message}")

@@ -638,7 +638,7 @@ def setup_run(args: argparse.Namespace, info: lkdist.DistInfo) -> Run:
         restore_run(run, resume)
     if cfg.telemetry and info.is_main:
         probe = probe_batch(val_ds, cfg.telemetry_images, cfg.seed)
-        run.telemetry = Telemetry(run_dir, probe, lambda message: log(info, message))
+        run.telemetry = Telemetry(run_dir, probe, lambda m: log(info, m), quiet_epochs=cfg.warmup_epochs)
         run.telemetry.resume(run.epoch, run.step)
     n_params = sum(p.numel() for p in model.parameters())
     log(
