@@ -89,8 +89,11 @@ def analysis_figures(study: Study, bar: tqdm) -> dict[str, go.Figure]:
     bar.update()
     few = slice(0, study.defaults.attribution_images)
     shown = display_images(study.images(few), study.info.data)
-    bar.set_description("class-token attention")
-    figs["cls_attention"] = figures.cls_attention_figure(study.cls_attention_maps(), shown, patch_size=study.patch_size)
+    if study.has_class_token:
+        bar.set_description("class-token attention")
+        figs["cls_attention"] = figures.cls_attention_figure(
+            study.cls_attention_maps(), shown, patch_size=study.patch_size
+        )
     bar.update()
     bar.set_description("Integrated Gradients")
     figs["attributions"] = figures.attribution_figure(study.attribution(few, "integrated_gradients"), shown)

@@ -30,8 +30,9 @@ def analyses_for(study: Study) -> dict[str, tuple[str, Callable[[], Any]]]:
         jobs["edge_functions"] = ("KAN edge functions", lambda: study.edge_summary().to_dict())
     if study.has_gates:
         jobs["gates"] = ("GLA forget gates", lambda: study.gate_statistics().to_dict())
-    jobs["cls_attention"] = ("class-token attention", lambda: study.cls_attention_maps().to_dict())
-    jobs["rollout"] = ("gradient rollout", lambda: study.rollout(few, "gradient").to_dict())
+    if study.has_class_token:
+        jobs["cls_attention"] = ("class-token attention", lambda: study.cls_attention_maps().to_dict())
+        jobs["rollout"] = ("gradient rollout", lambda: study.rollout(few, "gradient").to_dict())
     jobs["tokens"] = ("token norms", lambda: study.token_norms().to_dict())
     jobs["attributions"] = ("Integrated Gradients", lambda: attribution_report(study))
     jobs["probes"] = ("linear probes", lambda: study.probes().to_dict())

@@ -129,6 +129,11 @@ class Study:
         """Whether the model has GLA forget gates (gate analyses apply)."""
         return bool(parts.gla_blocks(self.model))
 
+    @property
+    def has_class_token(self) -> bool:
+        """Whether the model has a class token (class-token attention and rollout apply)."""
+        return "cls" in self.model.token_layout
+
     def block_layers(self, block: int) -> dict[str, str]:
         """The block's KAN layers as short name ("fc1") -> module name."""
         return parts.block_kan_layers(self.model, block)

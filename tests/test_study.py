@@ -6,6 +6,7 @@ import pytest
 import torch
 from tolerance import assert_close
 
+import lkat_lens
 from lkat_lens.analyses import attributions, edge_functions, gates, parts, tokens
 from lkat_lens.checkpoint import CheckpointInfo, load
 from lkat_lens.data import load_sample
@@ -82,3 +83,21 @@ def test_training_summary_says_which_epoch_of_how_many():
     assert summary["val top-1 (this epoch)"] == "98.89 %"
     info.metrics = metrics
     assert training_summary(info)["val top-1 (best so far)"] == "98.89 % (epoch 2)"
+
+
+def test_a_model_without_class_token_is_analysed_without_class_token_maps(digits_checkpoint):
+    """A reference cfg with use_cls_token: false: class-token maps are refused by name, the report leaves them out."""
+    from lkat_lens import analyses
+    from lkat_lens.report import analyze
+
+    torch.manual_seed(0)
+    model = lkat_lens.create_model("lkat_micro", num_classes=10, use_cls_token=False)
+    info = load(digits_checkpoint)[1]
+    study = Study(model, info, defaults=StudyDefaults(num_images=8, probe_images=16, attribution_images=1))
+    assert not study.has_class_token
+    with pytest.raises(ValueError, match="has no class token"):
+        analyses.cls_attention(model, study.images(0))
+    with pytest.raises(ValueError, match="has no class token"):
+        analyses.attention_rollout(model, study.images(0))
+    report = analyze(study, progress=False)
+    assert "cls_attention" not in report and "rollout" not in report and "gates" in report

@@ -21,7 +21,7 @@ import torch
 
 from lkat_lens.models.hooks import HookedModel, HookPoint
 
-from .parts import attention_kinds, patch_grid, targets_for
+from .parts import attention_kinds, class_token_index, patch_grid, targets_for
 from .tokens import layout_dict
 
 METHODS = ("attention", "gradient")
@@ -138,7 +138,7 @@ def cls_attention(model: HookedModel, images: torch.Tensor, blocks: Sequence[int
     """Class-token attention rows [L, B, H, T] of the selected blocks (only the rows are kept)."""
     blocks, kinds = _select_blocks(model, blocks)
     layout = model.token_layout
-    cls = layout["cls"].start
+    cls = class_token_index(model)
     rows = _patterns(model, images, blocks, keep=lambda pattern: pattern[..., cls, :].clone())
     kinds = [kinds[i] for i in blocks]
     return ClsAttention(rows=torch.stack(rows), blocks=blocks, kinds=kinds, layout=layout, grid_size=patch_grid(model))
@@ -233,6 +233,7 @@ def attention_rollout(
     """Rollout of all blocks: "attention" (head mean of |A|) or "gradient" (Chefer: (∇A ⊙ A)^+ for `target`)."""
     if method not in METHODS:
         raise ValueError(f"unknown rollout method {method!r}; expected one of {METHODS}")
+    class_token_index(model)  # the rollout is read on the class token's row
     if method == "attention":
         joint, chosen = rollout(attention_matrices(model, images).matrices), None
     else:

@@ -51,6 +51,16 @@ def residual_names(model: nn.Module) -> list[str]:
     return ["hook_embed", *(f"blocks.{i}.hook_resid_post" for i in range(len(model.blocks)))]
 
 
+def class_token_index(model: nn.Module) -> int:
+    """Position of the class token; ValueError for a model without one (reference cfg use_cls_token: false)."""
+    if "cls" not in model.token_layout:
+        raise ValueError(
+            f"{type(model).__name__} has no class token (it classifies from the mean of its patch tokens); "
+            "class-token attention and rollout need one"
+        )
+    return model.token_layout["cls"].start
+
+
 def patch_grid(model: nn.Module) -> tuple[int, int]:
     """The patch grid (rows, columns)."""
     return tuple(int(n) for n in model.patch_embed.grid_size)
