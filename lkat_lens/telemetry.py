@@ -22,7 +22,7 @@ from .analyses.edge_functions import edge_importance, layer_statistics
 from .analyses.gates import gate_statistics, half_life
 from .analyses.parts import eval_mode, gla_blocks, kan_layers
 from .analyses.serialize import json_ready
-from .analyses.tokens import token_norms
+from .analyses.tokens import TokenNorms, token_norms
 from .telemetry_records import SCHEMA, append_record, keep_records_up_to, telemetry_path
 
 # Diagnostic thresholds (docs/telemetry.md)
@@ -95,6 +95,19 @@ def _kan_telemetry(
     return result
 
 
+def _token_telemetry(norms: TokenNorms, blocks: list[dict[str, Any]]) -> None:
+    """Per block entry: mean residual norm after the block per token type, and its outlier patches."""
+    groups = norms.group_norms()
+    registers = [g for name, g in groups.items() if name.startswith("register_")]
+    for i, entry in enumerate(blocks):
+        entry["resid_norm"] = {
+            "patches": float(groups["patches"][i + 1].mean()),
+            **({"registers": float(torch.cat([g[i + 1] for g in registers], -1).mean())} if registers else {}),
+            **({"cls": float(groups["cls"][i + 1].mean())} if "cls" in groups else {}),
+        }
+        entry["outlier_patches"] = int(norms.outliers[i + 1].sum())
+
+
 def measure(model: nn.Module, images: torch.Tensor, top_k: int = TOP_EDGES) -> list[dict[str, Any]]:
     """One entry per block of everything telemetry records, measured on `images` in eval mode."""
     depth = len(model.blocks)
@@ -110,16 +123,10 @@ def measure(model: nn.Module, images: torch.Tensor, top_k: int = TOP_EDGES) -> l
     with eval_mode(model), torch.no_grad():
         images = images.to(next(model.parameters()).device)
         with model.hooks(fwd_hooks=[(wanted.__contains__, keep)]):  # the KAN hooks ride on token_norms' forward
-            norms = token_norms(model, images)
-        groups = norms.group_norms()
-        registers = [g for name, g in groups.items() if name.startswith("register_")]
-        for i, entry in enumerate(blocks):
-            entry["resid_norm"] = {
-                "patches": float(groups["patches"][i + 1].mean()),
-                **({"registers": float(torch.cat([g[i + 1] for g in registers], -1).mean())} if registers else {}),
-                **({"cls": float(groups["cls"][i + 1].mean())} if "cls" in groups else {}),
-            }
-            entry["outlier_patches"] = int(norms.outliers[i + 1].sum())
+            if hasattr(model, "patch_embed"):  # token norms need a patch grid (MLP-Mixer has none)
+                _token_telemetry(token_norms(model, images), blocks)
+            elif wanted:
+                model(images)
         if gla_blocks(model):
             gates = gate_statistics(model, images)
             by_type = gates.head_half_life_by_type

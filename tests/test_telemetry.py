@@ -173,3 +173,19 @@ def test_read_telemetry_skips_a_cut_last_line_and_refuses_a_broken_one(tmp_path)
         read_telemetry(tmp_path)
     with pytest.raises(FileNotFoundError, match="no telemetry"):
         read_telemetry(tmp_path / "nowhere")
+
+
+def test_baselines_get_what_applies_to_them():
+    torch.manual_seed(0)
+    vit = create_model("vit_tiny_patch16_224", num_classes=3, img_size=32, patch_size=8, depth=2)
+    mixer = create_model("mixer_s16_224", num_classes=3, img_size=32)
+    images = torch.randn(2, 3, 32, 32)
+    vit_blocks, mixer_blocks = measure(vit, images), measure(mixer, images)
+    assert [sorted(b) for b in vit_blocks] == [
+        ["block", "grad_norm", "outlier_patches", "resid_norm", "weight_norm"]
+    ] * 2
+    assert vit_blocks[1]["resid_norm"]["patches"] == pytest.approx(float(token_norms(vit, images).patches[2].mean()))
+    assert {tuple(sorted(b)) for b in mixer_blocks} == {("block", "grad_norm", "weight_norm")}
+    weights = torch.cat([p.detach().flatten().double() for p in mixer.blocks[1].parameters()])
+    assert mixer_blocks[1]["weight_norm"] == pytest.approx(float(weights.norm()), rel=1e-9)
+    assert mixer_blocks[1]["grad_norm"] is None
