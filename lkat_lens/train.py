@@ -1,4 +1,5 @@
-"""`python -m lkat_lens.train`: train an LKAT (or a baseline) -> runs/<name>/{last,best}.pt and metrics.jsonl.
+"""`lkat-lens train` (= `python -m lkat_lens.train`): train an LKAT (or a baseline) -> runs/<name>/{last,best}.pt,
+metrics.jsonl and telemetry.jsonl (per-block internals on a fixed probe batch, docs/telemetry.md).
 
 With no arguments it trains lkat_micro on scikit-learn's handwritten digits, on the CPU, in a few minutes.
 Under torchrun (DDP) --batch-size is the global batch: each of the N ranks takes batch/N samples of it (the
