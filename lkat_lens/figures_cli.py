@@ -21,7 +21,9 @@ from tqdm.auto import tqdm
 
 from . import figures
 from .analyses.edge_functions import EdgeCurves
+from .figures.training import telemetry_figures
 from .images import display_images
+from .runs import checkpoint_of, run_folder_of
 from .study import Study
 
 FORMATS = ("png", "svg", "pdf", "html")
@@ -217,8 +219,9 @@ def make_figures(
     if fmt in STATIC_FORMATS:
         check_static_export()
     torch.manual_seed(seed)
+    run = run_folder_of(checkpoint)
     study = Study.open(
-        checkpoint,
+        checkpoint_of(checkpoint),
         variant=variant,
         data=data,
         data_dir=data_dir,
@@ -228,15 +231,19 @@ def make_figures(
     )
     chosen = parse_blocks(blocks, study.num_blocks)
     check_kan_blocks(study, chosen)
-    with tqdm(total=len(chosen) + 6, disable=not progress, unit="step") as bar:
+    with tqdm(total=len(chosen) + 7, disable=not progress, unit="step") as bar:
         bar.set_description("loading the data sample")
         study.sample  # noqa: B018 (loaded here so the bar names the step)
         bar.update()
         figs = edge_figures(study, chosen, bar) | analysis_figures(study, bar)
+        bar.set_description("training telemetry")
+        records = run.telemetry() if run else []
+        figs |= {f"training_{name}": fig for name, fig in telemetry_figures(records).items()}
+        bar.update()
         bar.set_description(f"writing {len(figs)} {fmt} files")
         out = Path(out)
         paths = write_figures(figs, out, fmt)
-        write_index(paths, out, f"lkat-lens figures: {Path(checkpoint).name} ({study.info.model_name})")
+        write_index(paths, out, f"lkat-lens figures: {study.path.name} ({study.info.model_name})")
         bar.update()
     return paths
 

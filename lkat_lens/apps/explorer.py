@@ -4,12 +4,13 @@ from __future__ import annotations
 
 import os
 from collections.abc import Sequence
+from pathlib import Path
 
 import dash
 from dash import dcc, html
 
 from lkat_lens.apps.views.attributions import BROWSER_UPLOAD_CAP
-from lkat_lens.apps.views.common import label
+from lkat_lens.runs import checkpoint_of, run_folder_of
 
 from . import callbacks
 from .state import CheckpointState, ExplorerState
@@ -44,7 +45,7 @@ def block_bar(num_blocks: int) -> html.Div:
 
 def controls(state: ExplorerState) -> html.Div:
     """Checkpoint, compare, block, image and head selectors, and the selected patch."""
-    checkpoints = [{"label": label(c), "value": i} for i, c in enumerate(state.checkpoints)]
+    checkpoints = [{"label": name, "value": i} for i, name in enumerate(state.labels())]
     first = state[0]
     images = [
         {"label": f"{i} ({first.class_name(int(first.sample.labels[i]))})", "value": i} for i in range(state.num_images)
@@ -89,10 +90,18 @@ def create_app(
     edges: int = 8,
     probe_images: int = 256,
 ) -> dash.Dash:
-    """The explorer app for one or more checkpoints (their samples loaded, analyses computed on demand)."""
-    paths = [checkpoints] if isinstance(checkpoints, (str, os.PathLike)) else list(checkpoints)
+    """The explorer app for one or more checkpoints or run folders (their samples loaded, analyses computed on
+    demand); a run folder opens as its best.pt, and its epoch snapshots join the checkpoint and compare lists."""
+    given = [checkpoints] if isinstance(checkpoints, (str, os.PathLike)) else list(checkpoints)
     settings = {"data": data, "data_dir": data_dir, "num_images": num_images, "edges": edges}
-    state = ExplorerState([CheckpointState(p, probe_images=probe_images, **settings) for p in paths])
+
+    def load(path: Path) -> CheckpointState:
+        return CheckpointState(path, probe_images=probe_images, **settings)
+
+    main = [load(checkpoint_of(p)) for p in given]
+    runs = [run_folder_of(p) for p in given if Path(p).is_dir()]
+    snapshots = [path for run in runs for _, path in run.snapshots]
+    state = ExplorerState(main, snapshots, load)
     app = dash.Dash(__name__, title="lkat-lens explorer")
     app.server.config["MAX_CONTENT_LENGTH"] = MAX_REQUEST_BYTES
     app.layout = layout(state)

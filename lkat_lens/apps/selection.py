@@ -137,7 +137,7 @@ def keep_edge(current: Selection, before: Selection) -> Selection:
 
 def register(app: dash.Dash, state: ExplorerState) -> None:
     """The callback that keeps selectors, tab, URL and clicks in step."""
-    limits = Limits(state.num_blocks, state.num_images, state.num_heads, state.num_patches, len(state.checkpoints))
+    limits = Limits(state.num_blocks, state.num_images, state.num_heads, state.num_patches, len(state.paths))
     graphs = HEAD_GRAPHS + PATCH_GRAPHS
 
     @app.callback(

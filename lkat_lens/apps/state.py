@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import os
-from collections.abc import Sequence
+import threading
+from collections.abc import Callable, Sequence
+from pathlib import Path
 
 import numpy as np
 import torch
@@ -11,6 +13,7 @@ import torch
 from lkat_lens.checkpoint import load
 from lkat_lens.data import DataError
 from lkat_lens.images import LoadedImage, display_images, load_image
+from lkat_lens.runs import run_folder_of
 from lkat_lens.study import Study, StudyDefaults
 
 MAX_UPLOAD_BYTES = 2 * 2**20
@@ -54,15 +57,43 @@ class CheckpointState(Study):
 
 
 class ExplorerState:
-    """Every checkpoint the explorer shows, in command-line order."""
+    """Every checkpoint the explorer can show: those named on the command line (loaded at start, in that order),
+    then the epoch snapshots of their run folders (loaded when first picked, e.g. as the compared checkpoint)."""
 
-    def __init__(self, checkpoints: Sequence[CheckpointState]) -> None:
+    def __init__(
+        self,
+        checkpoints: Sequence[CheckpointState],
+        snapshots: Sequence[Path] = (),
+        load: Callable[[Path], CheckpointState] | None = None,
+    ) -> None:
         if not checkpoints:
             raise ValueError("the explorer needs at least one checkpoint")
         self.checkpoints = list(checkpoints)
+        self.paths = [c.path for c in self.checkpoints] + [Path(p) for p in snapshots]
+        self._loaded: dict[Path, CheckpointState] = {c.path: c for c in self.checkpoints}
+        self._load = load
+        self._lock = threading.Lock()
 
     def __getitem__(self, index: int) -> CheckpointState:
-        return self.checkpoints[index]
+        return self.at(self.paths[index])
+
+    def at(self, path: Path) -> CheckpointState:
+        """The checkpoint at a path, loaded on first use (a snapshot of a run folder)."""
+        with self._lock:
+            if path not in self._loaded:
+                if self._load is None:
+                    raise KeyError(f"{path} is not one of the explorer's checkpoints")
+                self._loaded[path] = self._load(path)
+            return self._loaded[path]
+
+    def labels(self) -> list[str]:
+        """How the page names each checkpoint: its run folder and file name."""
+        return [f"{p.parent.name}/{p.name}" for p in self.paths]
+
+    def snapshots_of(self, ckpt: CheckpointState) -> list[tuple[int, Path]]:
+        """The epoch snapshots of the checkpoint's run folder, (epoch, path) oldest first ([] outside a run)."""
+        run = run_folder_of(ckpt.path)
+        return run.snapshots if run else []
 
     @property
     def num_blocks(self) -> int:

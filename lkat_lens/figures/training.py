@@ -4,7 +4,7 @@ Click a legend entry to hide a line, double-click to show it alone."""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from typing import Any
 
 import plotly.graph_objects as go
@@ -66,11 +66,15 @@ def epoch_records(records: Iterable[Record]) -> list[Record]:
     return sorted((r for r in records if r.get("kind") == "epoch"), key=lambda r: r["epoch"])
 
 
-def block_series(records: Sequence[Record], extract: Extractor) -> dict[str, tuple[list[int], list[float | None]]]:
-    """Line label ("block B · label") -> (epochs, values) of one quantity over the records."""
+def block_series(
+    records: Sequence[Record], extract: Extractor, blocks: Collection[int] | None = None
+) -> dict[str, tuple[list[int], list[float | None]]]:
+    """Line label ("block B · label") -> (epochs, values) of one quantity over the records (chosen blocks only)."""
     series: dict[str, tuple[list[int], list[float | None]]] = {}
     for record in records:
         for entry in record["blocks"]:
+            if blocks is not None and entry["block"] not in blocks:
+                continue
             for label, value in extract(entry).items():
                 epochs, values = series.setdefault(f"block {entry['block']} · {label}", ([], []))
                 epochs.append(record["epoch"])
@@ -78,11 +82,11 @@ def block_series(records: Sequence[Record], extract: Extractor) -> dict[str, tup
     return series
 
 
-def telemetry_figure(records: Sequence[Record], name: str) -> go.Figure:
-    """The figure of one quantity (a key of QUANTITIES) over the epoch records."""
+def telemetry_figure(records: Sequence[Record], name: str, blocks: Collection[int] | None = None) -> go.Figure:
+    """The figure of one quantity (a key of QUANTITIES) over the epoch records, for the chosen blocks (all)."""
     title, y_title, log_y, extract = QUANTITIES[name]
     fig = go.Figure()
-    for label, (epochs, values) in block_series(epoch_records(records), extract).items():
+    for label, (epochs, values) in block_series(epoch_records(records), extract, blocks).items():
         fig.add_trace(
             go.Scatter(x=epochs, y=values, mode="lines+markers", name=label, legendgroup=label.split(" ·")[0])
         )
