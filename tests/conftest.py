@@ -4,6 +4,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from test_data import write_image_folder
 
 import lkat_lens
 from lkat_lens import train
@@ -42,3 +43,19 @@ def lkat():
 def images() -> torch.Tensor:
     """Two random 16x16 RGB images, the input size of lkat_micro."""
     return torch.randn(2, 3, 16, 16, generator=torch.Generator().manual_seed(1))
+
+
+@pytest.fixture
+def keep_torch_threads():
+    """The trainer sets torch's thread count for the process; put it back after the test."""
+    threads = torch.get_num_threads()
+    yield
+    torch.set_num_threads(threads)
+
+
+@pytest.fixture(scope="module")
+def folder(tmp_path_factory) -> Path:
+    """An ImageFolder tree: 3 classes (ant, bee, cow), 4 train and 2 val images each, 12x12 RGB."""
+    root = tmp_path_factory.mktemp("imagefolder")
+    write_image_folder(root, ["ant", "bee", "cow"], per_class=(4, 2))
+    return root

@@ -4,12 +4,10 @@ computations, the diagnostics, the file through resume, and epoch snapshots."""
 from __future__ import annotations
 
 import json
-from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
-from test_data import write_image_folder
 from tolerance import assert_close
 
 import lkat_lens
@@ -32,18 +30,7 @@ from lkat_lens.telemetry_records import read_telemetry
 TINY = "--model lkat_micro --img-size 16 --batch-size 4 --threads 1 --data imagefolder --recipe plain".split()
 
 
-@pytest.fixture(autouse=True)
-def _keep_torch_threads():
-    threads = torch.get_num_threads()
-    yield
-    torch.set_num_threads(threads)
-
-
-@pytest.fixture(scope="module")
-def folder(tmp_path_factory) -> Path:
-    root = tmp_path_factory.mktemp("imagefolder")
-    write_image_folder(root, ["ant", "bee", "cow"], per_class=(4, 2))
-    return root
+pytestmark = pytest.mark.usefixtures("keep_torch_threads")
 
 
 def awake_model() -> torch.nn.Module:

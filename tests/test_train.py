@@ -26,20 +26,7 @@ from lkat_lens.telemetry_records import read_telemetry
 MICRO = "--model lkat_micro --img-size 16 --threads 1"
 
 
-@pytest.fixture(autouse=True)
-def _keep_torch_threads():
-    """main() sets torch's thread count for the process; put it back after each test."""
-    threads = torch.get_num_threads()
-    yield
-    torch.set_num_threads(threads)
-
-
-@pytest.fixture(scope="module")
-def folder(tmp_path_factory) -> Path:
-    """An ImageFolder tree: 3 classes, 4 train and 2 val images each, 12x12 RGB."""
-    root = tmp_path_factory.mktemp("imagefolder")
-    write_image_folder(root, ["ant", "bee", "cow"], per_class=(4, 2))
-    return root
+pytestmark = pytest.mark.usefixtures("keep_torch_threads")
 
 
 def train_cli(capsys, *parts: str | Path) -> tuple[int, str, str]:
@@ -272,7 +259,12 @@ def test_reference_state_dict_fine_tunes_with_its_variant_named(tmp_path, capsys
     torch.manual_seed(0)
     reference = create_model("lkat_micro", num_classes=5, img_size=16)
     torch.save({"model": {f"module.{k}": v for k, v in reference.state_dict().items()}}, tmp_path / "ref.pt")
-    base = ["--data imagefolder --data-dir", folder, "--batch-size 4 --max-steps 1 --threads 1 --out-dir", tmp_path]
+    base = [
+        "--data imagefolder --data-dir",
+        folder,
+        "--batch-size 4 --max-steps 1 --threads 1 --out-dir",
+        tmp_path,
+    ]
     code, _, err = train_cli(capsys, "--finetune", tmp_path / "ref.pt", *base, "--name a")
     assert code == 2 and "name the variant it was trained as with --model" in err
     code, out, _ = train_cli(capsys, "--finetune", tmp_path / "ref.pt", "--model lkat_micro", *base, "--name b")
