@@ -217,7 +217,10 @@ def build_and_load(
     problems = _state_dict_problems(model, state_dict, strict)
     if problems:
         raise CheckpointError(f"weights do not fit {model_name}: " + "; ".join(problems))
-    model.load_state_dict(state_dict, strict=strict)
+    try:
+        model.load_state_dict(state_dict, strict=strict)
+    except ValueError as err:  # e.g. a non-uniform rbf.grid
+        raise CheckpointError(f"weights do not fit {model_name}: {err}") from None
     return model.eval()
 
 

@@ -26,6 +26,7 @@ import torch
 import triton
 import triton.language as tl
 
+from .rbf import check_grid
 from .rbf_triton import INTERPRET
 
 _SPAN: tl.constexpr = tl.constexpr(4)
@@ -336,8 +337,7 @@ def _dot_precision(dtype: torch.dtype) -> str:
 
 def _grid_constants(grid_min: float, grid_max: float, num_grids: int) -> tuple[float, float, float]:
     """(1/h, -grid_min/h, -2/h): u = x/h - grid_min/h and dphi/dx = -2/h (u - g) phi."""
-    if num_grids < 2 or not grid_max > grid_min:
-        raise ValueError(f"need num_grids >= 2 and grid_max > grid_min, got {num_grids}, [{grid_min}, {grid_max}]")
+    check_grid(grid_min, grid_max, num_grids)
     h = (grid_max - grid_min) / (num_grids - 1)
     return 1.0 / h, -grid_min / h, -2.0 / h
 

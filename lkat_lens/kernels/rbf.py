@@ -23,8 +23,8 @@ TRITON_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 _T_MAX = 40.0
 
 
-def _check_grid(grid_min: float, grid_max: float, num_grids: int) -> None:
-    """Reject grids without two ordered points."""
+def check_grid(grid_min: float, grid_max: float, num_grids: int) -> None:
+    """Reject grids without two ordered points (the one grid check of kernels and models)."""
     if num_grids < 2 or not grid_max > grid_min:
         raise ValueError(f"need num_grids >= 2 and grid_max > grid_min, got {num_grids}, [{grid_min}, {grid_max}]")
 
@@ -36,7 +36,7 @@ def _compute_dtype(*tensors: torch.Tensor) -> torch.dtype:
 
 def _scaled_offsets(x: torch.Tensor, grid_min: float, grid_max: float, num_grids: int) -> torch.Tensor:
     """t[..., g] = (x - c_g) / h in x's dtype, clamped where the Gaussian is exactly zero."""
-    _check_grid(grid_min, grid_max, num_grids)
+    check_grid(grid_min, grid_max, num_grids)
     h = (grid_max - grid_min) / (num_grids - 1)
     centers = torch.linspace(grid_min, grid_max, num_grids, device=x.device, dtype=x.dtype)
     return ((x.unsqueeze(-1) - centers) / h).clamp(-_T_MAX, _T_MAX)
@@ -141,7 +141,7 @@ def rbf_grid_linear(
     """
     if backend not in BACKENDS:
         raise ValueError(f"unknown backend {backend!r}; choose from {BACKENDS}")
-    _check_grid(grid_min, grid_max, _grid_weight(x, weight).shape[-1])
+    check_grid(grid_min, grid_max, _grid_weight(x, weight).shape[-1])
     if backend == "triton" and (rbf_triton is None or x.dtype not in TRITON_DTYPES):
         raise ValueError(f"the triton backend needs triton and x in {TRITON_DTYPES}, got {x.dtype}")
     use_triton = backend == "triton" or (backend == "auto" and triton_supports(x))

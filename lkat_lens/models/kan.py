@@ -7,7 +7,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from lkat_lens.kernels.kan_linear import edge_kan_linear, kan_linear
-from lkat_lens.kernels.rbf import rbf_basis
+from lkat_lens.kernels.rbf import check_grid, rbf_basis
 
 from .hooks import HookPoint
 
@@ -19,8 +19,7 @@ class RadialBasis(nn.Module):
 
     def __init__(self, grid_min: float, grid_max: float, num_grids: int) -> None:
         super().__init__()
-        if num_grids < 2 or not grid_max > grid_min:
-            raise ValueError(f"need num_grids >= 2 and grid_max > grid_min, got {num_grids}, [{grid_min}, {grid_max}]")
+        check_grid(grid_min, grid_max, num_grids)
         self.grid_min, self.grid_max, self.num_grids = float(grid_min), float(grid_max), int(num_grids)
         self.register_buffer("grid", torch.linspace(grid_min, grid_max, num_grids))
 
@@ -32,6 +31,18 @@ class RadialBasis(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """The basis vector phi(x) [..., G] (materialised; for the edge basis and analyses)."""
         return rbf_basis(x, self.grid_min, self.grid_max, self.num_grids)
+
+    def _load_from_state_dict(self, state_dict, prefix, *args, **kwargs) -> None:
+        """Refuse a stored grid that is not the uniform grid this layer's grid_min/grid_max/num_grids describe."""
+        stored = state_dict.get(prefix + "grid")
+        if stored is not None and (
+            stored.shape != self.grid.shape or not torch.allclose(stored.float(), self.grid, rtol=0, atol=1e-6)
+        ):
+            raise ValueError(
+                f"{prefix}grid holds {[round(v, 6) for v in stored.flatten().tolist()]}, not the uniform grid "
+                f"linspace({self.grid_min}, {self.grid_max}, {self.num_grids}) = {self.grid.tolist()}"
+            )
+        super()._load_from_state_dict(state_dict, prefix, *args, **kwargs)
 
     def extra_repr(self) -> str:
         return f"grid=[{self.grid_min}, {self.grid_max}], num_grids={self.num_grids}"
