@@ -78,6 +78,20 @@ def test_gate_figures_hold_half_lives(lkat, images):
     by_type = stats.head_half_life_by_type
     assert [t.name for t in heads.data] == list(by_type)
     np.testing.assert_array_equal(np.asarray(heads.data[0].z, dtype=float), by_type["patches"].numpy())
+    # every panel has block 0 at the top and integer ticks, so one row is one block across the token types
+    panels = [heads.layout.yaxis] + [heads.layout[f"yaxis{i}"] for i in range(2, len(by_type) + 1)]
+    assert all(axis.autorange == "reversed" and list(axis.tickvals) == stats.blocks for axis in panels)
+    assert all(list(t.x) == list(range(n_heads)) for t in heads.data)
+    assert list(heads.layout.xaxis.tickvals) == list(heads.layout.xaxis2.tickvals) == list(range(n_heads))
+
+
+def test_probe_depth_axis_has_integer_ticks(lkat, images):
+    from lkat_lens.analyses import probes
+
+    labels = torch.arange(len(images)) % 2
+    results = probes.linear_probes(lkat, images, labels, images, labels)
+    fig = figures.probe_figure(results)
+    assert list(fig.layout.xaxis.tickvals) == list(range(len(results.depth_names)))
 
 
 def test_plot_values_turn_infinity_into_gaps():

@@ -215,14 +215,17 @@ def gate_head_figure(gates: GateStats, title: str = "") -> go.Figure:
     """Half-life per block and head (log gate averaged over key channels), one heatmap per token group."""
     groups = gates.head_half_life_by_type
     fig = make_subplots(rows=1, cols=len(groups), subplot_titles=list(groups), horizontal_spacing=0.04)
+    heads = list(range(next(iter(groups.values())).shape[-1]))
     for c, (name, values) in enumerate(groups.items(), start=1):
         fig.add_trace(
-            go.Heatmap(z=as_plot_values(values), y=gates.blocks, coloraxis="coloraxis", name=name),
+            go.Heatmap(z=as_plot_values(values), x=heads, y=gates.blocks, coloraxis="coloraxis", name=name),
             row=1,
             col=c,
         )
-        fig.update_xaxes(title_text="head", row=1, col=c)
-    fig.update_yaxes(title_text="block", autorange="reversed", row=1, col=1)
+        fig.update_xaxes(title_text="head", tickmode="array", tickvals=heads, row=1, col=c)
+        # every panel: block 0 at the top, one tick per block, so a row means the same block side by side
+        fig.update_yaxes(autorange="reversed", tickmode="array", tickvals=gates.blocks, row=1, col=c)
+    fig.update_yaxes(title_text="block", row=1, col=1)
     fig.update_layout(
         title=title or "GLA forget-gate half-life per block and head, by token type (tokens)",
         template=TEMPLATE,
@@ -676,7 +679,7 @@ def probe_figure(results: ProbeResults, depth: int | None = None, title: str = "
         title=title
         or f"linear probes per depth ({results.num_train} train / {results.num_test} held-out images; 0 = embedding)",
         template=TEMPLATE,
-        xaxis_title="depth",
+        xaxis={"title": "depth", "tickmode": "array", "tickvals": depths},
         yaxis={"title": "accuracy", "range": [0, 1.02]},
         height=400,
     )
