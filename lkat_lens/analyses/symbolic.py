@@ -69,8 +69,40 @@ class SymbolicFit:
         return self.c * library[self.name].fn(z) + self.d
 
     def formula(self) -> str:
-        """The fitted expression as text."""
-        return f"{self.c:.4g} * {self.name}({self.a:.4g} * x + {self.b:.4g}) + {self.d:.4g}"
+        """The fitted expression as readable maths, e.g. "2.5·(1.2x − 0.3)³ − 9.189" or "−0.7·tanh(3x) + 1"."""
+        inner = _affine(self.a, "x", self.b)
+        if self.name == "0":
+            outer = ""
+        elif self.name == "x":
+            return _affine(self.c * self.a, "x", self.c * self.b + self.d)  # c(ax + b) + d, collected
+        elif self.name.startswith("x^"):
+            power = self.name[2:].translate(SUPERSCRIPTS)
+            outer = f"x{power}" if inner == "x" else f"({inner}){power}"
+        else:
+            outer = f"{self.name}({inner})"
+        return _affine(self.c, outer, self.d) if outer else _number(self.d)
+
+
+SUPERSCRIPTS = str.maketrans("0123456789", "⁰¹²³⁴⁵⁶⁷⁸⁹")
+MINUS = "−"
+
+
+def _number(value: float) -> str:
+    """A number with 4 significant digits and a true minus sign."""
+    return f"{value:.4g}".replace("-", MINUS)
+
+
+def _affine(scale: float, term: str, offset: float) -> str:
+    """scale·term + offset without "+ −", "1·" or "+ 0" (term: "x" or one bracketed expression)."""
+    if f"{scale:.4g}" == "1":
+        text = term
+    elif f"{scale:.4g}" == "-1":
+        text = f"{MINUS}{term}"
+    else:
+        text = f"{_number(scale)}{'' if term == 'x' else '·'}{term}"
+    if f"{abs(offset):.4g}" != "0":
+        text += f" {MINUS if offset < 0 else '+'} {_number(abs(offset))}"
+    return text
 
 
 @dataclass
