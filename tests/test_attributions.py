@@ -227,3 +227,27 @@ def test_model_patch_size_and_errors(lkat, images):
     with pytest.raises(ValueError, match="steps"):
         deletion_insertion(lkat, images, torch.zeros(B, GRID, GRID), steps=GRID * GRID + 1)
     assert isinstance(attribute(lkat, images[:1], "saliency"), Attribution)
+
+
+def test_integrated_gradients_chooses_its_steps_until_it_converges(digits_checkpoint):
+    """Default IG doubles its steps until |delta| <= 5 % of |f(x) - f(baseline)|; the delta is checked in torch."""
+    from lkat_lens.analyses.attributions import IG_STEPS, IG_TOLERANCE
+    from lkat_lens.checkpoint import load
+    from lkat_lens.data import load_sample
+
+    model, info = load(digits_checkpoint)
+    x = load_sample(info.data, "val", 4).images
+    attr = attribute(model, x, "integrated_gradients")
+    with torch.no_grad():
+        logits, base = model(x), model(torch.zeros_like(x))
+    rows = torch.arange(4)
+    gap = logits[rows, attr.target] - base[rows, attr.target]
+    delta = attr.attributions.sum((1, 2, 3)) - gap  # captum's delta, computed independently
+    assert_close(attr.convergence_delta, delta, rtol=1e-4, atol=1e-5)
+    assert_close(attr.delta_ratio, delta.abs() / gap.abs(), rtol=1e-3, atol=1e-6)
+    assert attr.converged and bool((attr.delta_ratio <= IG_TOLERANCE).all())
+    assert attr.steps >= IG_STEPS[0] and attr.steps % IG_STEPS[0] == 0
+    coarse = attribute(model, x, "integrated_gradients", n_steps=2)  # a fixed step count is kept, and judged
+    assert coarse.steps == 2 and coarse.converged == bool((coarse.delta_ratio <= IG_TOLERANCE).all())
+    report = attr.to_dict(pixels=False)
+    assert report["converged"] is True and report["steps"] == attr.steps and "0.05" in report["convergence_rule"]

@@ -225,3 +225,15 @@ def test_lkat_base_edge_grids_build_fast():
     curves = {name: fig for name, fig in figs.items() if name.endswith("_curves")}
     assert len(curves) == 24 and all(len(f.data) == 3 * 16 for f in curves.values())
     assert elapsed < 60, f"building 24 LKAT-B grids took {elapsed:.1f} s"
+
+
+def test_attribution_figure_names_images_and_flags_unconverged_ig(lkat, images):
+    shown = display_images(images[:2], {"mean": [0.5] * 3, "std": [0.25] * 3})
+    ig = attributions.attribute(lkat, images[:2], "integrated_gradients", n_steps=2)
+    ig.delta_ratio, ig.converged = torch.tensor([0.01, 0.3]), False  # image 1 far from complete
+    fig = figures.attribution_figure(ig, shown, names=["image 3", "cat.png"])
+    labels = [a.text for a in fig.layout.annotations]
+    assert labels[0].startswith("image 3 (class ") and labels[1].startswith("cat.png (class ")
+    assert "|Δ| 1.0% of gap, 2 steps" in labels[2] and "not converged" not in labels[2]
+    assert "|Δ| 30.0% of gap" in labels[3] and "⚠ not converged" in labels[3]
+    assert "NOT converged after 2 steps" in fig.layout.title.text

@@ -43,6 +43,8 @@ def test_analyze_writes_every_analysis(digits_checkpoint, tmp_path, capsys):
     assert report["gates"]["blocks"] == list(range(depth))
     assert len(report["probes"]["test_accuracy"]["cls"]) == depth + 1
     assert report["probes"]["num_test"] == 16 and report["probes"]["num_train"] == 48
+    ig = report["attributions"]["integrated_gradients"]  # convergence per image, and whether the 5 % rule holds
+    assert len(ig["delta_ratio"]) == 2 and isinstance(ig["converged"], bool) and ig["steps"] >= 32
     faith = report["attributions"]["faithfulness"]
     assert len(faith["deletion_auc"]) == 2 and all(0.0 <= a <= 1.0 for a in faith["deletion_auc"])
     assert len(report["tokens"]["mean_norm"]["patches"]) == depth + 1

@@ -31,6 +31,8 @@ METHODS = ("integrated_gradients", "saliency", "input_x_gradient", "gradient_sha
 REDUCTIONS = ("sum", "abs_sum")
 REPLACEMENTS = ("blur", "zeros", "mean")
 SMOOTHGRAD_NOISE = 0.15  # SmoothGrad's noise level: stdev as a fraction of the batch's value range
+IG_TOLERANCE = 0.05  # Integrated Gradients converged: |delta| <= 5 % of |f(x) - f(baseline)| for every image
+IG_STEPS = (32, 1024)  # adaptive IG: start here, double until converged or at the maximum
 IMAGES_PER_PASS = 64  # default cap on images per forward/backward pass (IG path points, noise samples, occlusions)
 
 
@@ -46,6 +48,9 @@ class Attribution:
     patch_size: tuple[int, int]
     reduction: str
     convergence_delta: torch.Tensor | None = None
+    delta_ratio: torch.Tensor | None = None  # IG: |delta| / |f(x) - f(baseline)| per image
+    steps: int | None = None  # IG: path steps used
+    converged: bool | None = None  # IG: every image within IG_TOLERANCE
 
     def to_dict(self, pixels: bool = True) -> dict[str, Any]:
         """JSON-friendly summary: maps as nested lists (the raw [B,C,H,W] tensor is left out)."""
@@ -58,6 +63,13 @@ class Attribution:
             "total": self.pixel_map.sum((1, 2)).tolist(),
             "convergence_delta": None if self.convergence_delta is None else self.convergence_delta.tolist(),
         }
+        if self.method == "integrated_gradients":
+            out |= {
+                "delta_ratio": None if self.delta_ratio is None else self.delta_ratio.tolist(),
+                "steps": self.steps,
+                "converged": self.converged,
+                "convergence_rule": f"|delta| <= {IG_TOLERANCE:g} |f(x) - f(baseline)| for every image",
+            }
         if pixels:
             out["pixel_map"] = self.pixel_map.tolist()
         return out
@@ -147,6 +159,21 @@ def _integrated_gradients(model, images, target, baselines, kwargs):
     )
 
 
+def _adaptive_integrated_gradients(model, images, target, baselines, kwargs):
+    """IG with `n_steps` if given, else doubled from IG_STEPS[0] until |delta| <= IG_TOLERANCE·|f(x) - f(baseline)|
+    for every image (or IG_STEPS[1] is reached); returns attributions, delta, that ratio and the steps used."""
+    with torch.no_grad():
+        rows = torch.arange(images.shape[0], device=images.device)
+        gap = model(images)[rows, target] - model(baselines).expand(images.shape[0], -1)[rows, target]
+    steps = kwargs.get("n_steps", IG_STEPS[0])
+    while True:
+        raw, delta = _integrated_gradients(model, images, target, baselines, {**kwargs, "n_steps": steps})
+        ratio = (delta.detach().abs() / gap.abs()).nan_to_num(nan=0.0, posinf=math.inf)
+        if "n_steps" in kwargs or steps >= IG_STEPS[1] or bool((ratio <= IG_TOLERANCE).all()):
+            return raw, delta, ratio.cpu(), steps
+        steps *= 2
+
+
 def _gradient_shap(model, images, target, baselines, kwargs):
     return (
         _captum()
@@ -223,8 +250,11 @@ def attribute(
         x = _model_input(model, images)
         tgt = resolve_target(model, x, target)
         base = _baseline(x, baselines)
+        steps = ratio = None
         if method == "occlusion":
             raw, delta = _occlusion(model, x, tgt, base, method_kwargs, size)
+        elif method == "integrated_gradients":
+            raw, delta, ratio, steps = _adaptive_integrated_gradients(model, x, tgt, base, method_kwargs)
         else:
             raw, delta = _RUNNERS[method](model, x, tgt, base, method_kwargs)
     raw = raw.detach()
@@ -238,6 +268,9 @@ def attribute(
         patch_size=size,
         reduction=reduction,
         convergence_delta=None if delta is None else delta.detach(),
+        delta_ratio=ratio,
+        steps=steps,
+        converged=None if ratio is None else bool((ratio <= IG_TOLERANCE).all()),
     )
 
 

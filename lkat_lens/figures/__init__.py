@@ -15,7 +15,7 @@ import torch
 from plotly.subplots import make_subplots
 
 from lkat_lens.analyses.attention import ClsAttention
-from lkat_lens.analyses.attributions import Attribution, FaithfulnessCurves
+from lkat_lens.analyses.attributions import IG_TOLERANCE, Attribution, FaithfulnessCurves
 from lkat_lens.analyses.edge_functions import Coverage, EdgeCurves, LayerStatistics
 from lkat_lens.analyses.gates import GateStats
 from lkat_lens.analyses.probes import ProbeResults
@@ -373,13 +373,19 @@ def cls_attention_figure(
     )
 
 
-def attribution_figure(attribution: Attribution, images: np.ndarray, title: str = "") -> go.Figure:
-    """Each image (top) and its pixel attribution map overlaid on it (bottom, z = attribution.pixel_map[b])."""
+def attribution_figure(
+    attribution: Attribution, images: np.ndarray, title: str = "", names: Sequence[str] | None = None
+) -> go.Figure:
+    """Each image (top) and its pixel attribution map overlaid on it (bottom, z = attribution.pixel_map[b]).
+
+    `names` label the images (default "image b"); the class explained is added to each label."""
     pixels = attribution.pixel_map.double()
     n_images = images.shape[0]
     limit = float(pixels.abs().max()) or 1.0
     targets = attribution.target.tolist()
-    titles = [f"image {b} (class {targets[b]})" for b in range(n_images)] + [attribution.method] * n_images
+    names = names or [f"image {b}" for b in range(n_images)]
+    titles = [f"{names[b]} (class {targets[b]})" for b in range(n_images)]
+    titles += [convergence_label(attribution, b) for b in range(n_images)]
     fig = _image_grid(2, n_images, titles)
     for b in range(n_images):
         fig.add_trace(go.Image(z=images[b], name=f"image {b}"), row=1, col=b + 1)
@@ -392,9 +398,19 @@ def attribution_figure(attribution: Attribution, images: np.ndarray, title: str 
     fig.update_layout(
         coloraxis={"colorscale": "RdBu", "cmin": -limit, "cmax": limit, "colorbar": {"title": "attribution"}}
     )
-    return _finish_image_grid(
-        fig, images.shape[1:3], 2, n_images, title or f"{attribution.method} attributions of the predicted class"
-    )
+    title = title or f"{attribution.method} attributions of the predicted class"
+    if attribution.converged is False:
+        title += f" — NOT converged after {attribution.steps} steps (|Δ| above {IG_TOLERANCE:.0%} of the logit gap)"
+    return _finish_image_grid(fig, images.shape[1:3], 2, n_images, title)
+
+
+def convergence_label(attribution: Attribution, image: int) -> str:
+    """The method, and for Integrated Gradients its completeness error |Δ| / |f(x) − f(baseline)| on that image."""
+    if attribution.delta_ratio is None:
+        return attribution.method
+    ratio = float(attribution.delta_ratio[image])
+    flag = "" if ratio <= IG_TOLERANCE else " ⚠ not converged"
+    return f"{attribution.method} (|Δ| {ratio:.1%} of gap, {attribution.steps} steps){flag}"
 
 
 def training_curve_figure(metrics: Sequence[Mapping], title: str = "") -> go.Figure:

@@ -77,8 +77,9 @@ def title(ckpt: CheckpointState, method: str, target: int | None, of: str) -> st
 def dataset_figures(ckpt: CheckpointState, image: int, method: str, target: int | None) -> list[go.Figure]:
     """Overlay and deletion/insertion curves of a sample image's attribution."""
     found = ckpt.attribution(image, method, target)
+    of = f"image {image}"
     overlay = figures.attribution_figure(
-        found, ckpt.shown[image : image + 1], title=title(ckpt, method, target, f"image {image}")
+        found, ckpt.shown[image : image + 1], title=title(ckpt, method, target, of), names=[of]
     )
     return [overlay, figures.faithfulness_figure(ckpt.faithfulness(image, method, target))]
 
@@ -88,7 +89,9 @@ def upload_figures(ckpt: CheckpointState, content: bytes, name: str, method: str
     loaded = ckpt.upload(content, name)
     images = loaded.tensor.unsqueeze(0)
     found = ckpt.attribute(images, method, target)
-    overlay = figures.attribution_figure(found, ckpt.display(images), title=title(ckpt, method, target, name))
+    overlay = figures.attribution_figure(
+        found, ckpt.display(images), title=title(ckpt, method, target, name), names=[name]
+    )
     notes = html.Span(f"{name}: {'; '.join(loaded.notes)}", style={"color": "#555"}) if loaded.notes else ""
     return [overlay, figures.faithfulness_figure(ckpt.faithfulness_of(images, found)), notes]
 
