@@ -101,3 +101,13 @@ def test_a_model_without_class_token_is_analysed_without_class_token_maps(digits
         analyses.attention_rollout(model, study.images(0))
     report = analyze(study, progress=False)
     assert "cls_attention" not in report and "rollout" not in report and "gates" in report
+
+
+def test_the_explorer_offers_every_attribution_method(study):
+    from lkat_lens.analyses.attributions import METHODS
+    from lkat_lens.apps.views import attributions as view
+
+    assert view.METHODS == METHODS and {"occlusion", "smoothgrad"} <= set(METHODS)
+    for method in ("occlusion", "smoothgrad"):  # the two the explorer lacked run on one sample image
+        found = study.attribution(0, method)
+        assert found.patch_map.shape == (1, *study.grid_size) and bool(found.patch_map.abs().sum() > 0)

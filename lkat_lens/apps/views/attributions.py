@@ -9,13 +9,13 @@ import plotly.graph_objects as go
 from dash import Input, Output, State, ctx, dcc, html
 
 from lkat_lens import figures
+from lkat_lens.analyses.attributions import METHODS  # every method the library has, occlusion and SmoothGrad too
 from lkat_lens.apps.state import MAX_UPLOAD_BYTES, BadUpload, CheckpointState, ExplorerState
 
 from .common import compare_panel, graph, message_figure, require_tab, side_by_side, static_graph
 
 TAB = "attributions"
 BROWSER_UPLOAD_CAP = 4 * MAX_UPLOAD_BYTES  # dcc.Upload drops larger files in the browser, without a message
-METHODS = ("integrated_gradients", "saliency", "input_x_gradient", "gradient_shap")
 PREDICTED = -1  # the class dropdown's "predicted class"
 
 
