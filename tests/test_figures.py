@@ -14,6 +14,7 @@ from lkat_lens import figures, figures_cli
 from lkat_lens.analyses import attention, attributions, edge_functions, gates, parts, tokens
 from lkat_lens.checkpoint import CheckpointInfo
 from lkat_lens.data import Sample
+from lkat_lens.figures.training import QUANTITIES
 from lkat_lens.images import display_images
 from lkat_lens.study import Study
 from lkat_lens_cli import build_parser, run_user_command
@@ -154,7 +155,11 @@ def _expected_names(blocks: list[int]) -> list[str]:
         "token_norms",
         "cls_attention",
         "attributions",
+        *TRAINING,  # the checkpoint sits in its run folder, whose telemetry.jsonl the figures draw too
     ]
+
+
+TRAINING = [f"training_{name}" for name in QUANTITIES]
 
 
 def run_figures(argv: list[str]) -> int:
@@ -237,3 +242,19 @@ def test_attribution_figure_names_images_and_flags_unconverged_ig(lkat, images):
     assert "|Δ| 1.0% of gap, 2 steps" in labels[2] and "not converged" not in labels[2]
     assert "|Δ| 30.0% of gap" in labels[3] and "⚠ not converged" in labels[3]
     assert "NOT converged after 2 steps" in fig.layout.title.text
+
+
+def test_edge_grid_explains_itself(lkat, stats):
+    layer = parts.kan_layers(lkat)["blocks.0.mlp.fc1"]
+    curves, scores = edge_functions.top_edge_curves(layer, stats["blocks.0.mlp.fc1"], 6)
+    fig = figures.edge_layer_figure(0, "fc1", curves, stats["blocks.0.mlp.fc1"], scores)
+    title = fig.layout.title.text
+    assert "input p to output q" in title and "σ: std of φ" in title and "RBF centres" in title
+    assert "shared basis: every panel is the same curve" in title  # lkat_micro's default basis
+    assert [t.name for t in fig.data if t.showlegend] == [
+        "input distribution",
+        "φ(x), the edge function",
+        "RBF centres",
+    ]
+    assert fig.layout.xaxis5.title.text == "input x" and fig.layout.yaxis.title.text == "φ(x)"
+    assert fig.layout.yaxis.tickformat == fig.layout.xaxis.tickformat == ".3~g"

@@ -73,6 +73,13 @@ def edge_layer_figure(
     return edge_curve_figure(curves, stats.coverage, scores=scores, title=title)
 
 
+EDGE_KEY = (
+    "φ[q,p]: the edge from input p to output q · σ: std of φ over real inputs (its importance) · "
+    "grey: where the layer's inputs fall · ▲ RBF centres"
+)
+SHARED_NOTE = "shared basis: every panel is the same curve, scaled by W[q,p]"
+
+
 def edge_curve_figure(
     curves: EdgeCurves,
     coverage: Coverage | None = None,
@@ -101,15 +108,16 @@ def edge_curve_figure(
         row, col = e // cols + 1, e % cols + 1
         low, high = _y_span(curves.values[e])
         if coverage is not None:
-            fig.add_trace(_shade(coverage, low, high), row=row, col=col)
+            fig.add_trace(_shade(coverage, low, high).update(showlegend=e == 0, legendgroup="shade"), row=row, col=col)
         fig.add_trace(
             go.Scatter(
                 x=x,
                 y=curves.values[e].tolist(),
                 mode="lines",
                 line={"color": CURVE_COLOR, "width": 2},
-                name=labels[e],
-                showlegend=False,
+                name="φ(x), the edge function",
+                legendgroup="curve",
+                showlegend=e == 0,
             ),
             row=row,
             col=col,
@@ -119,17 +127,24 @@ def edge_curve_figure(
                 x=centers,
                 y=[low] * len(centers),
                 mode="markers",
-                name="grid centres",
-                showlegend=False,
+                name="RBF centres",
+                legendgroup="centres",
+                showlegend=e == 0,
                 marker={"symbol": "triangle-up", "size": 8, "color": CENTER_COLOR},
             ),
             row=row,
             col=col,
         )
         fig.update_yaxes(range=[low, high], row=row, col=col)
-    fig.update_xaxes(range=[x[0], x[-1]])
+    fig.update_xaxes(range=[x[0], x[-1]], tickformat=".3~g")
+    fig.update_yaxes(tickformat=".3~g")
+    for col in range(1, cols + 1):
+        fig.update_xaxes(title_text="input x", row=rows, col=col)
+    fig.update_yaxes(title_text="φ(x)", col=1)
+    key = EDGE_KEY + (f"<br>{SHARED_NOTE}" if curves.basis == "shared" else "")
     fig.update_layout(
-        title=title or f"edge functions ({curves.basis} basis)",
+        title={"text": f"{title or f'edge functions ({curves.basis} basis)'}<br><sup>{key}</sup>"},
+        legend={"orientation": "h", "y": -0.02, "yanchor": "top"},
         template=TEMPLATE,
         barmode="overlay",
         bargap=0,
