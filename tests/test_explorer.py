@@ -1,6 +1,5 @@
 """The explorer app: selection, state and caching, and the real app driven in headless Chromium."""
 
-import argparse
 import base64
 import io
 import re
@@ -16,7 +15,7 @@ from selenium.webdriver.common.action_chains import ActionChains
 from selenium.webdriver.common.keys import Keys
 from selenium.webdriver.support.ui import WebDriverWait
 
-from lkat_lens import explore_cli, figures
+from lkat_lens import figures
 from lkat_lens.apps import selection
 from lkat_lens.apps.explorer import BROWSER_UPLOAD_CAP, create_app
 from lkat_lens.apps.selection import Limits, Selection
@@ -24,6 +23,7 @@ from lkat_lens.apps.state import MAX_UPLOAD_BYTES, BadUpload
 from lkat_lens.apps.views import attributions, edges, gates, tokens
 from lkat_lens.checkpoint import load, save_checkpoint
 from lkat_lens.models import create_model
+from lkat_lens_cli import build_parser
 
 BROWSER = shutil.which("chromium") and shutil.which("chromedriver")
 needs_browser = pytest.mark.skipif(not BROWSER, reason="needs Debian's chromium and chromium-driver on PATH")
@@ -110,9 +110,7 @@ def test_decode_upload():
 
 
 def test_cli_defaults_are_safe():
-    parser = argparse.ArgumentParser()
-    explore_cli.add_arguments(parser)
-    args = parser.parse_args(["a.pt", "b.pt"])
+    args = build_parser().parse_args(["explore", "a.pt", "b.pt"])
     assert args.checkpoints == ["a.pt", "b.pt"]
     assert (args.host, args.port, args.debug) == ("127.0.0.1", 8050, False)
     assert (args.num_images, args.edges, args.probe_images) == (32, 8, 256)

@@ -36,7 +36,8 @@ class RadialBasis(nn.Module):
         """Refuse a stored grid that is not the uniform grid this layer's grid_min/grid_max/num_grids describe."""
         stored = state_dict.get(prefix + "grid")
         if stored is not None and (
-            stored.shape != self.grid.shape or not torch.allclose(stored.float(), self.grid, rtol=0, atol=1e-6)
+            stored.shape != self.grid.shape
+            or not torch.allclose(stored.double(), self.grid.double(), rtol=0, atol=1e-6)
         ):
             raise ValueError(
                 f"{prefix}grid holds {[round(v, 6) for v in stored.flatten().tolist()]}, not the uniform grid "
