@@ -68,7 +68,10 @@ def edge_figures(study: Study, blocks: Sequence[int], bar: tqdm) -> dict[str, go
         drawn[block] = {}
         for short in study.block_layers(block):
             curves, scores, stats = study.edge_curves(block, short)
-            figs[f"block{block:02d}_{short}_curves"] = figures.edge_layer_figure(block, short, curves, stats, scores)
+            share = study.span_share(block, short)
+            figs[f"block{block:02d}_{short}_curves"] = figures.edge_layer_figure(
+                block, short, curves, stats, scores, span_share=share
+            )
             drawn[block][short] = curves
         bar.update()
     figs["edge_overview"] = figures.edge_overview_figure(

@@ -10,6 +10,7 @@ from typing import Any
 
 from tqdm.auto import tqdm
 
+from .analyses.grid_span import is_sliver
 from .analyses.serialize import json_ready
 from .study import Study
 
@@ -22,12 +23,18 @@ def attribution_report(study: Study) -> dict[str, Any]:
     return {"integrated_gradients": ig.to_dict(pixels=False), "faithfulness": curves.to_dict()}
 
 
+def grid_span_report(study: Study) -> dict[str, dict[str, Any]]:
+    """Per KAN layer: the share of its RBF grid its inputs occupy and whether that is a sliver."""
+    return {name: {"occupied_share": share, "sliver": is_sliver(share)} for name, share in study.span_shares().items()}
+
+
 def analyses_for(study: Study) -> dict[str, tuple[str, Callable[[], Any]]]:
     """The analyses that apply to the study's model: report key -> (step name, job)."""
     few = slice(0, study.defaults.attribution_images)
     jobs: dict[str, tuple[str, Callable[[], Any]]] = {}
     if study.has_kan:
         jobs["edge_functions"] = ("KAN edge functions", lambda: study.edge_summary().to_dict())
+        jobs["grid_span"] = ("grid span of the KAN inputs", lambda: grid_span_report(study))
     if study.has_gates:
         jobs["gates"] = ("GLA forget gates", lambda: study.gate_statistics().to_dict())
     if study.has_class_token:

@@ -19,7 +19,7 @@ from typing import Any, TypeVar
 import torch
 from torch import nn
 
-from .analyses import attention, attributions, edge_functions, gates, parts, probes, tokens
+from .analyses import attention, attributions, edge_functions, gates, grid_span, parts, probes, tokens
 from .analyses.attention import AttentionMatrices, ClsAttention, Rollout
 from .analyses.attributions import Attribution, FaithfulnessCurves
 from .analyses.edge_functions import EdgeCurves, EdgeFunctionSummary, EdgeImportance, LayerStatistics
@@ -187,6 +187,14 @@ class Study:
         return self.cached(
             ("layer_statistics",), lambda: edge_functions.layer_statistics(self.model, self.sample.images)
         )
+
+    def span_shares(self) -> dict[str, float]:
+        """The share of its RBF grid every KAN layer's inputs occupy on the sample (analyses.grid_span)."""
+        return self.cached(("span_shares",), lambda: grid_span.layer_span_shares(self.model, self.sample.images))
+
+    def span_share(self, block: int, layer: str) -> float:
+        """The share of its RBF grid the block layer's inputs occupy on the sample."""
+        return self.span_shares()[self.block_layers(block)[layer]]
 
     def edge_summary(self) -> EdgeFunctionSummary:
         """Importance, coverage and top edges of every KAN layer (the report's edge-function section)."""

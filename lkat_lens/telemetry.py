@@ -2,8 +2,8 @@
 
 Every quantity that an analysis already computes comes from that analysis (gates.gate_statistics,
 tokens.token_norms, edge_functions.layer_statistics / edge_importance), so telemetry and `lkat-lens analyze`
-agree on the same batch. Two quantities no analysis has are defined here: the share of the RBF grid span the
-inputs of a KAN layer occupy, and the ratio of a KAN layer's output norm to the residual-stream norm.
+agree on the same batch (the share of the RBF grid span a KAN layer's inputs occupy is analyses.grid_span's). One
+quantity no analysis has is defined here: the ratio of a KAN layer's output norm to the residual-stream norm.
 Records are one JSON object per line in telemetry.jsonl; docs/telemetry.md documents the schema.
 """
 
@@ -20,6 +20,7 @@ from torch.utils.data import Dataset
 
 from .analyses.edge_functions import edge_importance, layer_statistics
 from .analyses.gates import gate_statistics, half_life
+from .analyses.grid_span import grid_span_share
 from .analyses.parts import eval_mode, gla_blocks, kan_layers
 from .analyses.serialize import json_ready
 from .analyses.tokens import TokenNorms, token_norms
@@ -30,7 +31,6 @@ DORMANT_RATIO = 1e-3  # a KAN layer whose mean output norm is below this share o
 OUTSIDE_SHARE = 0.2  # more than this share of a KAN layer's inputs outside the grid support
 SATURATED_ALPHA = 0.999  # a head whose 5 % gate quantile is above this never forgets ...
 CLOSED_ALPHA = 0.01  # ... one whose 95 % gate quantile is below this forgets at once
-SPAN_QUANTILE = 0.01  # the inputs' span is their [1 %, 99 %] quantile range per channel
 TOP_EDGES = 5
 
 
@@ -38,16 +38,6 @@ def probe_batch(dataset: Dataset, num_images: int, seed: int) -> torch.Tensor:
     """A fixed batch of `num_images` images of `dataset`, drawn by a generator seeded with `seed`."""
     order = torch.randperm(len(dataset), generator=torch.Generator().manual_seed(seed))
     return torch.stack([dataset[int(i)][0] for i in order[: min(num_images, len(dataset))]])
-
-
-def grid_span_share(x: torch.Tensor, grid_min: float, grid_max: float, q: float = SPAN_QUANTILE) -> float:
-    """Mean over input channels of the share of [grid_min, grid_max] covered by the channel's [q, 1-q] quantile
-    range; x is [..., in]. 0: every channel sits on one point (or off the grid), 1: each spans the whole grid."""
-    x = x.detach().reshape(-1, x.shape[-1]).double()
-    levels = torch.tensor([q, 1.0 - q], dtype=torch.float64, device=x.device)
-    lo, hi = torch.quantile(x, levels, dim=0)
-    covered = (hi.clamp(grid_min, grid_max) - lo.clamp(grid_min, grid_max)).clamp_min(0)
-    return float(covered.mean() / (grid_max - grid_min))
 
 
 def output_residual_ratio(out: torch.Tensor, resid: torch.Tensor) -> float:

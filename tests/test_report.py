@@ -9,7 +9,7 @@ import pytest
 import lkat_lens_cli as cli
 from lkat_lens.checkpoint import load
 
-SECTIONS = {"edge_functions", "gates", "cls_attention", "rollout", "tokens", "attributions", "probes"}
+SECTIONS = {"edge_functions", "gates", "cls_attention", "rollout", "tokens", "attributions", "probes", "grid_span"}
 
 
 def strict_json(path):
@@ -51,11 +51,14 @@ def test_analyze_writes_every_analysis(digits_checkpoint, tmp_path, capsys):
     printed = capsys.readouterr()
     assert "wrote" in printed.out
     steps = ["loading the data sample", "KAN edge functions", "GLA forget gates", "class-token attention"]
-    steps += ["gradient rollout", "token norms", "Integrated Gradients", "linear probes"]
+    steps += ["gradient rollout", "token norms", "Integrated Gradients", "linear probes", "grid span"]
     assert all(step in printed.err for step in steps), printed.err[-2000:]  # the progress bar names every step
     top = report["edge_functions"]["layers"]["blocks.0.mlp.fc1"]["top_edges"][0]
     assert set(top) == {"out", "in", "std"} and top["std"] > 0
     assert "majority-class" in report["probes"]["chance_rule"] and "tokens" in report["gates"]["half_life_unit"]
+    spans = report["grid_span"]  # the share of the grid each KAN layer's inputs occupy, slivers flagged
+    assert set(spans) == set(report["edge_functions"]["layers"])
+    assert all(0.0 <= s["occupied_share"] <= 1.0 and s["sliver"] == (s["occupied_share"] < 0.1) for s in spans.values())
 
 
 def test_info_prints_the_model_card(digits_checkpoint, capsys):

@@ -20,7 +20,6 @@ from lkat_lens.analyses.tokens import token_norms
 from lkat_lens.telemetry import (
     DORMANT_RATIO,
     Telemetry,
-    grid_span_share,
     measure,
     output_residual_ratio,
     probe_batch,
@@ -70,18 +69,6 @@ def test_telemetry_equals_the_analyses_on_the_same_batch():
             top = edge_importance(kan_layers(model)[full], stats[full]).top_edges(4)
             assert [tuple(e[:2]) for e in kan["top_edges"]] == [e[:2] for e in top]
             assert_close(torch.tensor([e[2] for e in kan["top_edges"]]), torch.tensor([e[2] for e in top]), rtol=1e-6)
-
-
-def test_grid_span_share_against_numpy():
-    rng = np.random.default_rng(0)
-    x = np.stack([rng.normal(0, 0.5, 4000), rng.uniform(-5, 5, 4000), np.full(4000, 0.3), rng.normal(3, 0.1, 4000)])
-    expected = []
-    for channel in x:  # share of [-2, 2] inside the channel's [1 %, 99 %] quantile range
-        lo, hi = np.quantile(channel, [0.01, 0.99])
-        expected.append(max(0.0, min(hi, 2.0) - max(lo, -2.0)) / 4.0)
-    got = grid_span_share(torch.tensor(x.T), -2.0, 2.0)
-    assert got == pytest.approx(float(np.mean(expected)), rel=1e-9)
-    assert expected[1] == pytest.approx(1.0) and expected[2] == 0.0 and expected[3] == 0.0
 
 
 def test_output_residual_ratio_against_a_loop():
