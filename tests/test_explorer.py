@@ -8,6 +8,7 @@ import time
 from dataclasses import replace
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 from PIL import Image
@@ -181,6 +182,31 @@ def test_clicked_edge_gets_its_curve_and_symbolic_fit(app):
     assert list(fit.y) == result.best(curves.x[fitted]).tolist() and result.best.formula() in fit.name
     stale = edges.edge_detail(ckpt, 1, "fc2", {"block": 2, "layer": "fc2", "q": 5, "p": 17})
     assert "block 1 fc2" in stale.layout.title.text and "φ[5,17]" not in stale.layout.title.text
+    (frame,) = edges.importance(ckpt, 2, "fc2", {"block": 2, "layer": "fc2", "q": 5, "p": 17}).layout.shapes
+    assert (frame.x0, frame.x1, frame.y0, frame.y1) == (16.5, 17.5, 4.5, 5.5)  # the clicked cell is framed
+    q, p, _ = ckpt.edge_importance(2, "fc2").top_edges(1)[0]
+    assert f"framed: φ[{q},{p}]" in edges.importance(ckpt, 2, "fc2").layout.title.text  # unclicked: top
+
+
+def test_patch_maps_show_the_image_beside_the_map(app):
+    """Issue 13 item 12: at 16x16 pixels a 4x4 map covers the image, so the image is also drawn alone beside it."""
+    ckpt = app.explorer_state[0]
+    fig = gates.rollout_figure(ckpt, 3, "attention", None)
+    under, heat, alone = fig.data
+    assert (heat.xaxis, under.xaxis, alone.xaxis) == ("x2", "x2", "x")
+    assert alone.opacity is None and np.array_equal(np.asarray(alone.z), ckpt.shown[3])
+    np.testing.assert_array_equal(np.asarray(heat.z, dtype=float), ckpt.rollout(3, "attention").cls_map[0].double())
+    assert [shape.xref for shape in fig.layout.shapes] == ["x", "x2"]  # the centre patch framed in both
+
+
+def test_compare_mode_draws_edge_grids_two_panels_wide(app):
+    ckpt = app.explorer_state[0]
+
+    def columns(fig) -> int:
+        return len({fig.layout[f"xaxis{i + 1 if i else ''}"].domain for i in range(4)})  # the app draws 4 edges
+
+    assert columns(edges.block_figures(ckpt, 1)[0]) == 4
+    assert columns(edges.block_figures(ckpt, 1, edges.COMPARE_COLUMNS)[0]) == 2
 
 
 def test_attribution_class_choice_and_faithfulness(app):
@@ -188,7 +214,7 @@ def test_attribution_class_choice_and_faithfulness(app):
     predicted = ckpt.attribution(0, "saliency").target.item()
     other = (predicted + 1) % 10
     overlay, curves = attributions.dataset_figures(ckpt, 0, "saliency", other)
-    assert f"class {ckpt.class_name(other)} in image 0" in overlay.layout.title.text
+    assert f"class {ckpt.class_name(other)}<br>in image 0" in overlay.layout.title.text
     assert ckpt.faithfulness(0, "saliency", other).target.tolist() == [other]
     assert [t.name.split(" ")[0] for t in curves.data] == ["deletion", "insertion"]
     overlay, _ = attributions.dataset_figures(ckpt, 0, "saliency", None)
@@ -382,6 +408,7 @@ def test_clicks_select_edge_head_and_patch(browser, app):
     graph_data(duo, "edge-importance")
     q, p = edges.clicked_edge(app.explorer_state[0], 1, "fc1", click_plot(duo, "edge-importance"))
     duo.wait_for_contains_text("#edge-detail", f"block 1 fc1 φ[{q},{p}] ≈", timeout=30)
+    duo.wait_for_contains_text("#edge-importance", f"framed: φ[{q},{p}]", timeout=30)  # highlighted in the map
     open_tab(duo, "Gates & attention")
     graph_data(duo, "gate-heads")
     point = click_plot(duo, "gate-heads")  # x: head, y: block
@@ -389,7 +416,7 @@ def test_clicks_select_edge_head_and_patch(browser, app):
     duo.wait_for_contains_text("#gate-channels", f"block {point['y']} head {point['x']}", timeout=30)
     point = click_plot(duo, "gate-half-life", subplot=1)  # the second head's map
     wait_for_url(duo, f"head={point['curve']}")
-    graph_data(duo, "cls-attention")
+    duo.wait_for_contains_text("#cls-attention", f"head {point['curve']}: CLS", timeout=30)  # redrawn for the head
     point = click_plot(duo, "cls-attention", subplot=1)  # on the overlay, in pixels of the 16x16 image
     patch = int(round(point["y"])) // 4 * 4 + int(round(point["x"])) // 4
     wait_for_url(duo, f"patch={patch}")
@@ -425,46 +452,116 @@ def test_link_reopens_tab_layer_edge_and_compare(browser, app):
     assert_no_console_errors(duo)
 
 
+OVERFLOWING = """
+const found = [];
+for (const row of document.querySelectorAll('.side-by-side')) {
+  if (!row.offsetParent) continue;  // a hidden tab
+  const panes = [...row.querySelectorAll(':scope > .view-pane, :scope > .compare-pane')];
+  for (const pane of panes) {
+    const right = pane.getBoundingClientRect().right;
+    for (const g of pane.querySelectorAll('.js-plotly-plot'))
+      if (g.getBoundingClientRect().right > right + 1) found.push(g.parentElement.id || 'a graph');
+  }
+  const [view, compare] = panes.map(p => p.getBoundingClientRect().width);
+  if (compare < 0.45 * (view + compare)) found.push('the compare column is narrow: ' + compare + ' of ' + view);
+}
+return found;
+"""
+
+
+def assert_fits_side_by_side(duo) -> None:
+    """No graph of the open tab reaches past its half of the page, and the halves are about equal."""
+    assert duo.driver.execute_script(OVERFLOWING) == []
+
+
 @needs_browser
 def test_compare_with_a_baseline(browser):
+    """Every tab side by side with a ViT baseline, then the same run, at a 1280 px window: nothing overflows."""
     duo = browser
+    duo.driver.set_window_size(1280, 1000)
     open_page(duo, "?block=1")
     duo.select_dcc_dropdown("#compare", index=1)
     duo.wait_for_contains_text("#compare-overview", "vit_tiny_patch16_224", timeout=30)
+    duo.wait_for_element("#compare-training-curves .js-plotly-plot", timeout=30)  # the baseline may have no curves
+    assert_fits_side_by_side(duo)
     open_tab(duo, "Edge functions")
     duo.wait_for_contains_text("#compare-edges", "not applicable", timeout=30)
     graph_data(duo, "fc1-curves")
+    assert_fits_side_by_side(duo)
     open_tab(duo, "Tokens")
     assert "scatter" in graph_data(duo, "compare-token-norms")
+    graph_data(duo, "token-outliers")
+    assert_fits_side_by_side(duo)
     open_tab(duo, "Attributions")
-    duo.wait_for_contains_text("#compare-attributions", "attribution of the predicted class in image 0", timeout=60)
+    duo.wait_for_contains_text("#compare-attributions", "in image 0", timeout=60)
     assert "heatmap" in graph_data(duo, "compare-attribution-figure")
+    graph_data(duo, "attribution-curves")
+    assert_fits_side_by_side(duo)
     open_tab(duo, "Probes")
     assert graph_data(duo, "compare-probe-figure")
+    assert_fits_side_by_side(duo)
     duo.select_dcc_dropdown("#compare", index=0)  # the same run side by side
+    open_tab(duo, "Gates & attention")
+    graph_data(duo, "compare-gate-half-life")
+    graph_data(duo, "rollout")
+    assert_fits_side_by_side(duo)
     open_tab(duo, "Edge functions")
     duo.wait_for_contains_text("#compare-edges", "block 1 fc1", timeout=30)
+    graph_data(duo, "compare-fc2-curves")
+    assert_fits_side_by_side(duo)
     assert_no_console_errors(duo)
 
 
+def upload(duo, folder: Path, name: str, content: bytes) -> None:
+    """Send a file to the Attributions tab's upload field."""
+    path = folder / name
+    path.write_bytes(content)
+    duo.find_element("#upload input[type=file]").send_keys(str(path))
+
+
 @needs_browser
-def test_upload_png_and_non_image(browser, tmp_path: Path):
+def test_a_sample_image_replaces_the_upload_everywhere(browser, tmp_path: Path):
+    """Issue 13 item 2: after an upload, picking a sample image shows that image through method and class
+    changes, tab switches and the compare column; a corrupt upload clears the previous upload's figures."""
     duo = browser
     open_page(duo)
     open_tab(duo, "Attributions")
     graph_data(duo, "attribution-figure")
-    picture = tmp_path / "bar.png"
-    picture.write_bytes(png_bytes())
-    duo.find_element("#upload input[type=file]").send_keys(str(picture))
-    duo.wait_for_contains_text("#attribution-figure", "predicted class in bar.png", timeout=30)
-    assert "heatmap" in graph_data(duo, "attribution-figure")
+    upload(duo, tmp_path, "bar.png", png_bytes())
+    duo.wait_for_contains_text("#attribution-figure", "in bar.png", timeout=30)
     duo.wait_for_contains_text("#predictions", "uploaded bar.png top-5 predictions", timeout=30)
     assert duo.find_element("#upload-message").text == "bar.png: resized and center-cropped 20x20 to the model's 16x16"
-    text = tmp_path / "notes.txt"
-    text.write_text("not an image")
-    duo.find_element("#upload input[type=file]").send_keys(str(text))
+    duo.select_dcc_dropdown("#image", index=3)
+    duo.wait_for_contains_text("#attribution-figure", "in image 3", timeout=30)
+    duo.select_dcc_dropdown("#method", value="saliency")
+    duo.wait_for_contains_text("#attribution-figure", "saliency attribution of the predicted class", 30)
+    assert "in image 3" in duo.find_element("#attribution-figure").text
+    duo.select_dcc_dropdown("#target", value="2: 2")
+    duo.wait_for_contains_text("#attribution-figure", "saliency attribution of class 2", timeout=30)
+    assert "in image 3" in duo.find_element("#attribution-figure").text
+    assert "image 3 (label" in duo.find_element("#predictions").text
+    assert duo.find_element("#upload-message").text == ""
+    open_tab(duo, "Overview")
+    open_tab(duo, "Attributions")
+    duo.wait_for_contains_text("#attribution-figure", "in image 3", timeout=30)
+    assert "of class 2" in duo.find_element("#attribution-figure").text
+    duo.select_dcc_dropdown("#compare", index=1)
+    duo.wait_for_contains_text("#compare-attributions", "in image 3", timeout=60)
+    assert "saliency attribution of class 2" in duo.find_element("#compare-attributions").text
+    upload(duo, tmp_path, "bar2.png", png_bytes(24))  # the compare column follows the upload too
+    duo.wait_for_contains_text("#compare-attributions", "in bar2.png", timeout=60)
+    duo.wait_for_contains_text("#attribution-figure", "in bar2.png", timeout=30)
+    duo.wait_for_contains_text("#predictions", "uploaded bar2.png", timeout=30)
+    upload(duo, tmp_path, "notes.txt", b"not an image")
     duo.wait_for_contains_text("#upload-message", "notes.txt is not an image file PIL can read", timeout=30)
+    duo.wait_for_contains_text("#attribution-figure", "no attribution: notes.txt is not a usable image", 30)
+    duo.wait_for_contains_text("#compare-attributions", "no attribution: notes.txt", timeout=30)
     duo.wait_for_contains_text("#predictions", "notes.txt: no predictions", timeout=30)
+    assert "bar2.png" not in duo.find_element("#attribution-figure").text
+    duo.select_dcc_dropdown("#image", index=5)
+    duo.wait_for_contains_text("#attribution-figure", "in image 5", timeout=30)
+    duo.wait_for_contains_text("#compare-attributions", "in image 5", timeout=60)
+    assert duo.find_element("#upload-message").text == ""
     assert_no_console_errors(duo)
 
 

@@ -11,7 +11,7 @@ from tolerance import assert_allclose
 from tqdm.auto import tqdm
 
 from lkat_lens import figures, figures_cli
-from lkat_lens.analyses import attention, attributions, edge_functions, gates, parts, tokens
+from lkat_lens.analyses import attention, attributions, edge_functions, gates, grid_span, parts, tokens
 from lkat_lens.checkpoint import CheckpointInfo
 from lkat_lens.data import Sample
 from lkat_lens.figures.training import QUANTITIES
@@ -83,6 +83,10 @@ def test_gate_figures_hold_half_lives(lkat, images):
     panels = [heads.layout.yaxis] + [heads.layout[f"yaxis{i}"] for i in range(2, len(by_type) + 1)]
     assert all(axis.autorange == "reversed" and list(axis.tickvals) == stats.blocks for axis in panels)
     assert all(list(t.x) == list(range(n_heads)) for t in heads.data)
+    # the per-patch maps keep square cells however wide they are drawn
+    assert [fig.layout[f"yaxis{i + 1 if i else ''}"].scaleanchor for i in range(len(fig.data))] == [
+        f"x{i + 1 if i else ''}" for i in range(len(fig.data))
+    ]
     assert list(heads.layout.xaxis.tickvals) == list(heads.layout.xaxis2.tickvals) == list(range(n_heads))
 
 
@@ -180,7 +184,8 @@ def test_cli_writes_every_png(digits_checkpoint, tmp_path):
             img.load()
             assert img.format == "PNG" and img.width >= 300 and img.height >= 300, n
     with Image.open(out / "block00_fc1_curves.png") as img:
-        assert img.size == (4 * figures.PANEL_PX + 80, figures.PANEL_PX + 120)  # one row of four panels
+        assert img.width == 4 * figures.PANEL_PX + 80  # four panels a row
+        assert figures.PANEL_PX + 100 < img.height < 2 * figures.PANEL_PX + 100  # one row of them, under the key
     index = (out / "index.html").read_text()
     assert all(f"src='{n}.png'" in index for n in names)
 
@@ -239,9 +244,17 @@ def test_attribution_figure_names_images_and_flags_unconverged_ig(lkat, images):
     fig = figures.attribution_figure(ig, shown, names=["image 3", "cat.png"])
     labels = [a.text for a in fig.layout.annotations]
     assert labels[0].startswith("image 3 (class ") and labels[1].startswith("cat.png (class ")
+    named = figures.attribution_figure(
+        ig, shown, names=["image 3", "cat.png"], class_names=[f"c{i}" for i in range(10)]
+    )
+    targets = ig.target.tolist()
+    assert [a.text for a in named.layout.annotations[:2]] == [
+        f"image 3 (class c{targets[0]})",
+        f"cat.png (class c{targets[1]})",
+    ]
     assert "|Δ| 1.0% of gap, 2 steps" in labels[2] and "not converged" not in labels[2]
     assert "|Δ| 30.0% of gap" in labels[3] and "⚠ not converged" in labels[3]
-    assert "NOT converged after 2 steps" in fig.layout.title.text
+    assert "NOT converged after 2 steps" in fig.layout.title.text.replace("<br>", " ")
 
 
 def test_edge_grid_explains_itself(lkat, stats):
@@ -258,3 +271,58 @@ def test_edge_grid_explains_itself(lkat, stats):
     ]
     assert fig.layout.xaxis5.title.text == "input x" and fig.layout.yaxis.title.text == "φ(x)"
     assert fig.layout.yaxis.tickformat == fig.layout.xaxis.tickformat == ".3~g"
+
+
+def coverage_of(layer, x: torch.Tensor):
+    """The Coverage the library computes for a KAN layer fed the edge-function inputs x [n, in]."""
+    moments = edge_functions.LayerMoments(layer)
+    moments.update(x, torch.zeros(x.shape[0], layer.out_features), x_raw=x)
+    return moments.statistics().coverage
+
+
+def test_sliver_layers_are_flagged_in_coverage_and_edge_grids(lkat, stats):
+    """Issue 13 item 7: the share of the grid the inputs occupy (analyses.grid_span) is in each coverage panel's
+    title and each edge grid's key, flagged under grid_span.SLIVER."""
+    name = "blocks.0.mlp.fc1"
+    layer = parts.kan_layers(lkat)["blocks.0.mlp.fc1"]
+    curves, scores = edge_functions.top_edge_curves(layer, stats[name], 4)
+    gen = torch.Generator().manual_seed(1)
+    sliver_x = 5e-9 * torch.randn(400, layer.in_features, generator=gen)
+    spread_x = torch.randn(400, layer.in_features, generator=gen)
+    grid = (layer.rbf.grid_min, layer.rbf.grid_max)
+    shares = {"fc1": grid_span.grid_span_share(spread_x, *grid), "fc2": grid_span.grid_span_share(sliver_x, *grid)}
+    assert shares["fc2"] < grid_span.SLIVER < shares["fc1"]
+    coverages = {"fc1": coverage_of(layer, spread_x), "fc2": coverage_of(layer, sliver_x)}
+    fig = figures.coverage_figure(coverages, curves.centers.tolist(), span_shares=shares)
+    spread_title, sliver_title = (a.text for a in fig.layout.annotations[:2])
+    assert f"occupy {shares['fc1']:.0%} of the grid" in spread_title and "sliver" not in spread_title
+    assert "⚠ a sliver" in sliver_title and "0.0% outside support" in sliver_title
+    assert "occupy" not in figures.coverage_figure(coverages).layout.annotations[0].text  # no shares, no claim
+    flagged = figures.edge_curve_figure(curves, coverages["fc2"], scores=scores, span_share=shares["fc2"])
+    assert "⚠ a sliver: each curve is only read there" in flagged.layout.title.text
+    fine = figures.edge_curve_figure(curves, coverages["fc1"], scores=scores, span_share=shares["fc1"])
+    assert "sliver" not in fine.layout.title.text and "occupy" in fine.layout.title.text
+
+
+def test_importance_heatmap_frames_the_selected_edge():
+    edge_std = torch.rand(10, 7, generator=torch.Generator().manual_seed(0))
+    (frame,) = figures.importance_figure(edge_std, selected=(6, 3)).layout.shapes  # one cell per edge
+    assert (frame.x0, frame.x1, frame.y0, frame.y1) == (2.5, 3.5, 5.5, 6.5)
+    (frame,) = figures.importance_figure(edge_std, max_cells=4, selected=(7, 5)).layout.shapes  # 3x2 tiles
+    assert (frame.x0, frame.x1, frame.y0, frame.y1) == (3.0, 5.0, 4.5, 7.5)  # the tile of rows 6-8, columns 4-5
+    assert "framed: φ[7,5]" in figures.importance_figure(edge_std, max_cells=4, selected=(7, 5)).layout.title.text
+    assert not figures.importance_figure(edge_std).layout.shapes
+
+
+def test_long_image_grid_titles_wrap_within_the_figure(lkat, images):
+    shown = display_images(images[:1], {"mean": [0.5] * 3, "std": [0.25] * 3})
+    found = attributions.attribute(lkat, images[:1], "saliency")
+    text = (
+        "integrated_gradients attribution of the predicted class<br>"
+        "in my neighbour's black and white cat, sitting on a garden wall at dusk.png"
+    )
+    fig = figures.attribution_figure(found, shown, title=text)
+    lines = fig.layout.title.text.split("<br>")
+    assert len(lines) == 3 and " ".join(lines) == text.replace("<br>", " ")
+    assert all(len(line) <= fig.layout.width // figures.TITLE_CHAR_PX for line in lines)
+    assert fig.layout.margin.t >= 60 + 17 * 2  # room for three lines

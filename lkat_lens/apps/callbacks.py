@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import dash
-from dash import Input, Output, State, ctx, html
+from dash import Input, Output, State, html
 
 from lkat_lens.apps.views.attributions import decode_upload
 from lkat_lens.apps.views.common import patch_or_centre
@@ -55,7 +55,7 @@ def register(app: dash.Dash, state: ExplorerState) -> None:
     )
     def predictions(index: int, image: int, contents: str | None, filename: str | None) -> list:
         """Top-k predictions for the current image: the uploaded one until a dataset image is picked again."""
-        if contents and ctx.triggered_id != "image":
+        if contents:
             return upload_predictions_view(state[index], contents, filename)
         return predictions_view(state[index], image)
 

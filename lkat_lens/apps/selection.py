@@ -64,6 +64,22 @@ class Selection:
         fields["edge"] = None if self.edge is None else f"{self.edge[0]}.{self.edge[1]}"
         return "?" + urlencode({key: value for key, value in fields.items() if value is not None})
 
+    def values(self) -> tuple:
+        """The selection as the page holds it: block, image, head, patch, checkpoint and compare selectors, tab,
+        layer, edge store and URL query."""
+        return (
+            self.block,
+            self.image,
+            self.head,
+            self.patch,
+            self.checkpoint,
+            self.compare,
+            self.tab,
+            self.layer,
+            self.edge_data(),
+            self.query(),
+        )
+
     def edge_data(self) -> dict[str, Any] | None:
         """The chosen edge for the Edge functions view, tied to its block and layer."""
         if self.edge is None:
@@ -135,6 +151,11 @@ def keep_edge(current: Selection, before: Selection) -> Selection:
     return replace(current, edge=before.edge if same else None)
 
 
+def changed(shown: tuple, wanted: tuple) -> tuple:
+    """wanted, with dash.no_update where the page already shows that value."""
+    return tuple(dash.no_update if old == new else new for old, new in zip(shown, wanted, strict=True))
+
+
 def register(app: dash.Dash, state: ExplorerState) -> None:
     """The callback that keeps selectors, tab, URL and clicks in step."""
     limits = Limits(state.num_blocks, state.num_images, state.num_heads, state.num_patches, len(state.paths))
@@ -164,10 +185,12 @@ def register(app: dash.Dash, state: ExplorerState) -> None:
         Input(EDGE_GRAPH, "clickData"),
         *(Input(graph, "clickData") for graph in graphs),
         State("patch", "data"),
+        State("edge", "data"),
     )
     def sync(search: str | None, _prev: int, _next: int, *rest: Any):
-        """Read the URL on load and on navigation; otherwise apply the event and write the URL."""
-        block, image, head, index, compare, tab, layer, edge_click, *clicks, patch = rest
+        """Read the URL on load and on navigation; otherwise apply the event and write the URL. Only what
+        changed is sent back (a value sent again would fire its views a second time, e.g. drop an upload)."""
+        block, image, head, index, compare, tab, layer, edge_click, *clicks, patch, edge = rest
         trigger = ctx.triggered_id
         before = parse_query(search, limits)
         if trigger in (None, "url"):
@@ -190,15 +213,5 @@ def register(app: dash.Dash, state: ExplorerState) -> None:
                 )
             else:
                 current = keep_edge(current, before)
-        return (
-            current.block,
-            current.image,
-            current.head,
-            current.patch,
-            current.checkpoint,
-            current.compare,
-            current.tab,
-            current.layer,
-            current.edge_data(),
-            current.query(),
-        )
+        shown = (block, image, head, patch, index, compare, tab, layer, edge, search)
+        return changed(shown, current.values())

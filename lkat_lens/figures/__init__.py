@@ -7,6 +7,7 @@ Non-finite values (an infinite gate half-life) are drawn as gaps (None).
 from __future__ import annotations
 
 import math
+import textwrap
 from collections.abc import Mapping, Sequence
 
 import numpy as np
@@ -18,6 +19,7 @@ from lkat_lens.analyses.attention import ClsAttention
 from lkat_lens.analyses.attributions import IG_TOLERANCE, Attribution, FaithfulnessCurves
 from lkat_lens.analyses.edge_functions import Coverage, EdgeCurves, LayerStatistics
 from lkat_lens.analyses.gates import GateStats
+from lkat_lens.analyses.grid_span import is_sliver
 from lkat_lens.analyses.probes import ProbeResults
 from lkat_lens.analyses.symbolic import SymbolicFitResult
 from lkat_lens.analyses.tokens import TokenNorms
@@ -58,6 +60,13 @@ def _shade(coverage: Coverage, low: float, high: float) -> go.Bar:
     )
 
 
+def span_note(share: float, explain: bool = False) -> str:
+    """The share of the grid the inputs occupy (analyses.grid_span), flagged when they sit in a sliver of it
+    (`explain`: and what that means for the curves)."""
+    flag = (" ⚠ a sliver" + (": each curve is only read there" if explain else "")) if is_sliver(share) else ""
+    return f"inputs (1–99 % per channel) occupy {share:.0%} of the grid{flag}"
+
+
 def _y_span(values: torch.Tensor) -> tuple[float, float]:
     """A padded [low, high] around the values (never empty)."""
     low, high = float(values.min()), float(values.max())
@@ -66,15 +75,22 @@ def _y_span(values: torch.Tensor) -> tuple[float, float]:
 
 
 def edge_layer_figure(
-    block: int, layer: str, curves: EdgeCurves, stats: LayerStatistics, scores: Sequence[float]
+    block: int,
+    layer: str,
+    curves: EdgeCurves,
+    stats: LayerStatistics,
+    scores: Sequence[float],
+    cols: int = 4,
+    span_share: float | None = None,
 ) -> go.Figure:
-    """A block layer's top edge functions (the grid `lkat-lens figures` writes and the explorer shows)."""
+    """A block layer's top edge functions (the grid `lkat-lens figures` writes and the explorer shows), `cols`
+    panels wide, with the share of the grid its inputs occupy when given."""
     title = f"block {block} {layer}: top {len(scores)} edge functions by std over real inputs"
-    return edge_curve_figure(curves, stats.coverage, scores=scores, title=title)
+    return edge_curve_figure(curves, stats.coverage, scores=scores, title=title, cols=cols, span_share=span_share)
 
 
 EDGE_KEY = (
-    "φ[q,p]: the edge from input p to output q · σ: std of φ over real inputs (its importance) · "
+    "φ[q,p]: the edge from input p to output q · σ: std of φ over real inputs (its importance)<br>"
     "grey: where the layer's inputs fall · ▲ RBF centres"
 )
 SHARED_NOTE = "shared basis: every panel is the same curve, scaled by W[q,p]"
@@ -87,8 +103,10 @@ def edge_curve_figure(
     scores: Sequence[float] | None = None,
     title: str = "",
     cols: int = 4,
+    span_share: float | None = None,
 ) -> go.Figure:
-    """Grid of edge functions phi_{q,p}(x), one panel per edge: curve, grid centres, input distribution behind.
+    """Grid of edge functions phi_{q,p}(x), one panel per edge: curve, grid centres, input distribution behind;
+    the key says which share of the grid the inputs occupy (`span_share`, analyses.grid_span) when given.
 
     Per panel the traces are, in order: the shaded distribution (when `coverage` is given), the curve
     (y = curves.values[e]) and the grid centres (markers on the panel's lower edge). Every x-axis spans
@@ -101,7 +119,7 @@ def edge_curve_figure(
         score = "" if scores is None else f"  σ={scores[e]:.3g}"
         labels.append(f"φ[{q},{p}]{score}")
     spacing = min(70 / (rows * PANEL_PX), 0.9 / max(rows - 1, 1))  # about 70 px between rows
-    fig = make_subplots(rows=rows, cols=cols, subplot_titles=labels, horizontal_spacing=0.04, vertical_spacing=spacing)
+    fig = make_subplots(rows=rows, cols=cols, subplot_titles=labels, horizontal_spacing=0.06, vertical_spacing=spacing)
     x = curves.x.tolist()
     centers = curves.centers.tolist()
     for e in range(n):
@@ -142,15 +160,25 @@ def edge_curve_figure(
         fig.update_xaxes(title_text="input x", row=rows, col=col)
     fig.update_yaxes(title_text="φ(x)", col=1)
     key = EDGE_KEY + (f"<br>{SHARED_NOTE}" if curves.basis == "shared" else "")
+    if span_share is not None:
+        key += "<br>" + span_note(span_share, explain=True)
+    lines = 2 + key.count("<br>")  # the title and every line of the key, from the top down, then the panel titles
+    top = 55 + 19 * lines
     fig.update_layout(
-        title={"text": f"{title or f'edge functions ({curves.basis} basis)'}<br><sup>{key}</sup>"},
-        legend={"orientation": "h", "y": -0.02, "yanchor": "top"},
+        title={
+            "text": f"{title or f'edge functions ({curves.basis} basis)'}<br><sup>{key}</sup>",
+            "yref": "container",
+            "y": 1,
+            "yanchor": "top",
+            "pad": {"t": 28},  # below the mode bar
+        },
+        legend={"orientation": "h", "yref": "container", "y": 0, "yanchor": "bottom"},  # below the axis titles
         template=TEMPLATE,
         barmode="overlay",
         bargap=0,
         width=cols * PANEL_PX + 80,
-        height=rows * PANEL_PX + 120,
-        margin={"l": 40, "r": 20, "t": 90, "b": 40},
+        height=rows * PANEL_PX + top + 70,
+        margin={"l": 40, "r": 20, "t": top, "b": 70},
         font={"size": 10},
     )
     fig.update_annotations(font_size=10)
@@ -211,8 +239,10 @@ def gate_half_life_figure(gates: GateStats, title: str = "") -> go.Figure:
                 row=i + 1,
                 col=h + 1,
             )
-    fig.update_yaxes(autorange="reversed", showticklabels=False, scaleanchor=None)
-    fig.update_xaxes(showticklabels=False)
+    fig.update_yaxes(autorange="reversed", showticklabels=False, showgrid=False, zeroline=False)
+    fig.update_xaxes(showticklabels=False, showgrid=False, zeroline=False)
+    for i in range(n_blocks * n_heads):  # square cells in each panel, however wide the figure is drawn
+        fig.layout[f"yaxis{i + 1 if i else ''}"].update(scaleanchor=f"x{i + 1 if i else ''}", constrain="domain")
     fig.update_layout(
         title=title or "GLA forget-gate half-life per patch (tokens; blank = no decay)",
         template=TEMPLATE,
@@ -321,6 +351,15 @@ def _heat_on_image(values: torch.Tensor, cell: tuple[int, int], **style) -> go.H
     )
 
 
+TITLE_CHAR_PX = 7  # about the width of one character of a 13 px title
+
+
+def wrap(text: str, chars: int) -> str:
+    """A figure title's lines (split at <br>) broken at spaces into lines of at most `chars` characters."""
+    lines = [part for line in text.split("<br>") for part in textwrap.wrap(line, max(chars, 20)) or [""]]
+    return "<br>".join(lines)
+
+
 def _image_grid(rows: int, cols: int, titles: Sequence[str]) -> go.Figure:
     """A rows x cols subplot grid for images."""
     return make_subplots(
@@ -333,12 +372,15 @@ def _finish_image_grid(fig: go.Figure, image_hw: tuple[int, int], rows: int, col
     axes = _overlay_axes(image_hw)
     fig.update_xaxes(**axes["x"])
     fig.update_yaxes(**axes["y"])
+    width = max(cols * 170 + 160, 420)
+    title = wrap(title, width // TITLE_CHAR_PX)
+    top = 60 + 17 * title.count("<br>")  # room for every line of the title above the panel titles
     fig.update_layout(
-        title=title,
+        title={"text": title, "font": {"size": 13}},
         template=TEMPLATE,
-        width=cols * 170 + 160,
-        height=rows * 170 + 110,
-        margin={"l": 30, "r": 30, "t": 90, "b": 20},
+        width=width,
+        height=rows * 170 + top + 20,
+        margin={"l": 30, "r": 30, "t": top, "b": 20},
         font={"size": 10},
     )
     fig.update_annotations(font_size=10)
@@ -389,17 +431,23 @@ def cls_attention_figure(
 
 
 def attribution_figure(
-    attribution: Attribution, images: np.ndarray, title: str = "", names: Sequence[str] | None = None
+    attribution: Attribution,
+    images: np.ndarray,
+    title: str = "",
+    names: Sequence[str] | None = None,
+    class_names: Sequence[str] | None = None,
 ) -> go.Figure:
     """Each image (top) and its pixel attribution map overlaid on it (bottom, z = attribution.pixel_map[b]).
 
-    `names` label the images (default "image b"); the class explained is added to each label."""
+    `names` label the images (default "image b"); the class explained is added to each label, by its name in
+    `class_names` when given (else its index)."""
     pixels = attribution.pixel_map.double()
     n_images = images.shape[0]
     limit = float(pixels.abs().max()) or 1.0
     targets = attribution.target.tolist()
     names = names or [f"image {b}" for b in range(n_images)]
-    titles = [f"{names[b]} (class {targets[b]})" for b in range(n_images)]
+    classes = [class_names[t] if class_names else str(t) for t in targets]
+    titles = [f"{names[b]} (class {classes[b]})" for b in range(n_images)]
     titles += [convergence_label(attribution, b) for b in range(n_images)]
     fig = _image_grid(2, n_images, titles)
     for b in range(n_images):
@@ -458,11 +506,14 @@ def importance_tiles(
     return values[0, 0], torch.stack([index[0, 0] // n_in, index[0, 0] % n_in], dim=-1), tile
 
 
-def importance_figure(edge_std: torch.Tensor, title: str = "", max_cells: int = 256) -> go.Figure:
+def importance_figure(
+    edge_std: torch.Tensor, title: str = "", max_cells: int = 256, selected: tuple[int, int] | None = None
+) -> go.Figure:
     """Heatmap of a layer's edge importance [out, in], in tiles (importance_tiles) for layers over max_cells wide.
 
     x and y of a cell are the first input and output channel of its tile (the edge itself for 1 x 1 tiles); z is
-    sent as a typed array, so a 256 x 256 map stays small and fast to serve.
+    sent as a typed array, so a 256 x 256 map stays small and fast to serve. The `selected` edge (q, p) gets a
+    frame around its cell (its tile), the first layout shape.
     """
     values, _, tile = importance_tiles(edge_std, max_cells)
     rows, cols = values.shape
@@ -475,12 +526,25 @@ def importance_figure(edge_std: torch.Tensor, title: str = "", max_cells: int = 
             y=np.arange(rows) * tile[0],
             hovertemplate=hover + "  σ=%{z:.3g}<extra></extra>",
             colorscale="Viridis",
-            colorbar={"title": "std"},
+            colorbar={"title": "σ", "tickformat": ".3~g"},
         )
     )
+    if selected is not None:
+        q, p = selected
+        row, col = q // tile[0], p // tile[1]
+        fig.add_shape(
+            type="rect",
+            x0=(col - 0.5) * tile[1],
+            x1=(col + 0.5) * tile[1],
+            y0=(row - 0.5) * tile[0],
+            y1=(row + 0.5) * tile[0],
+            line={"color": CENTER_COLOR, "width": 2},
+            name=f"φ[{q},{p}]",
+        )
     tiles = "" if single else f" (tiles of {tile[0]}×{tile[1]} edges show their strongest)"
+    framed = "" if selected is None else f"; framed: φ[{selected[0]},{selected[1]}]"
     fig.update_layout(
-        title=(title or "edge importance") + tiles,
+        title=(title or "edge importance") + tiles + framed,
         template=TEMPLATE,
         xaxis_title="input channel p",
         yaxis_title="output node q",
@@ -490,12 +554,22 @@ def importance_figure(edge_std: torch.Tensor, title: str = "", max_cells: int = 
     return fig
 
 
-def coverage_figure(coverages: Mapping[str, Coverage], centers: Sequence[float] = (), title: str = "") -> go.Figure:
-    """Where each layer's real inputs fall against its RBF grid: histogram, grid support shaded, grid centres."""
-    titles = [
-        f"{name}: {c.outside_fraction:.1%} outside support, {(c.underflow + c.overflow) / c.total:.1%} off-axis"
-        for name, c in coverages.items()
-    ]
+def coverage_figure(
+    coverages: Mapping[str, Coverage],
+    centers: Sequence[float] = (),
+    title: str = "",
+    span_shares: Mapping[str, float] | None = None,
+) -> go.Figure:
+    """Where each layer's real inputs fall against its RBF grid: histogram, grid support shaded, grid centres.
+
+    Each panel's title gives the share outside the support, off the axis and, from `span_shares` (by the keys of
+    `coverages`; analyses.grid_span), the share of the grid the inputs occupy, flagged when it is a sliver."""
+    titles = []
+    for name, c in coverages.items():
+        text = f"{name}: {c.outside_fraction:.1%} outside support, {(c.underflow + c.overflow) / c.total:.1%} off-axis"
+        if span_shares is not None and name in span_shares:
+            text += "<br>" + span_note(span_shares[name])
+        titles.append(text)
     fig = make_subplots(rows=1, cols=max(1, len(coverages)), subplot_titles=titles, horizontal_spacing=0.08)
     for col, coverage in enumerate(coverages.values(), start=1):
         edges = coverage.bin_edges.double()
@@ -532,7 +606,8 @@ def coverage_figure(coverages: Mapping[str, Coverage], centers: Sequence[float] 
         title=title or "input coverage of the RBF grid (shaded: support [grid_min - h, grid_max + h])",
         template=TEMPLATE,
         bargap=0,
-        height=340,
+        height=360,
+        margin={"t": 110},
         font={"size": 10},
     )
     fig.update_annotations(font_size=10)
@@ -577,8 +652,8 @@ def edge_fit_figure(
     fig.update_layout(
         title=title or f"φ[{q},{p}] ≈ {fit.best.name} (R² {fit.best.r2:.4f}; next: {runners})",
         template=TEMPLATE,
-        xaxis_title="x",
-        yaxis={"title": "φ(x)", "range": [low, high]},
+        xaxis={"title": "input x", "tickformat": ".3~g"},
+        yaxis={"title": "φ(x)", "range": [low, high], "tickformat": ".3~g"},
         legend={"orientation": "h", "y": -0.2},
         height=400,
     )
@@ -615,15 +690,19 @@ def patch_map_figure(
     signed: bool = False,
     colorbar: str = "",
 ) -> go.Figure:
-    """A patch-grid map [gh, gw] over one display image [H, W, 3]; `selected` patch framed, `marked` patches ×.
+    """A patch-grid map [gh, gw] over one display image [H, W, 3] (right), beside the image alone (left), so a map
+    of a few large patches never hides a small image; `selected` patch framed in both, `marked` patches ×.
 
-    Traces: the image, the heatmap (z = values), then the marked patches' centres when `marked` is given.
+    Traces: the image under the map, the heatmap (z = values), the marked patches' centres when `marked` is given,
+    then the image alone. Both panels are in image pixels, so a click on either names the same patch.
     """
     gw = values.shape[1]
     ph, pw = patch_size
-    fig = go.Figure(go.Image(z=image, opacity=0.6, name="image"))
+    fig = make_subplots(rows=1, cols=2, column_widths=[0.4, 0.6], horizontal_spacing=0.04)
+    fig.add_trace(go.Image(z=image, opacity=0.6, name="image"), row=1, col=2)
     style = {"colorscale": "RdBu", "zmid": 0} if signed else {"colorscale": "Viridis"}
-    fig.add_trace(_heat_on_image(values, patch_size, opacity=0.7, colorbar={"title": colorbar}, name="map", **style))
+    heat = _heat_on_image(values, patch_size, opacity=0.7, colorbar={"title": colorbar}, name="map", **style)
+    fig.add_trace(heat, row=1, col=2)
     if marked is not None:
         rows, cols = marked.nonzero(as_tuple=True)
         fig.add_trace(
@@ -633,27 +712,28 @@ def patch_map_figure(
                 mode="markers",
                 marker={"symbol": "x", "size": 12, "color": "black", "line": {"width": 1, "color": "white"}},
                 name="outliers",
-            )
+            ),
+            row=1,
+            col=2,
         )
+    fig.add_trace(go.Image(z=image, name="image alone"), row=1, col=1)
     if selected is not None:
         r, c = divmod(selected, gw)
-        fig.add_shape(
-            type="rect",
-            x0=c * pw - 0.5,
-            x1=(c + 1) * pw - 0.5,
-            y0=r * ph - 0.5,
-            y1=(r + 1) * ph - 0.5,
-            line={"color": CENTER_COLOR, "width": 3},
-        )
+        frame = {"x0": c * pw - 0.5, "x1": (c + 1) * pw - 0.5, "y0": r * ph - 0.5, "y1": (r + 1) * ph - 0.5}
+        for col in (1, 2):
+            fig.add_shape(type="rect", **frame, line={"color": CENTER_COLOR, "width": 3}, row=1, col=col)
     axes = _overlay_axes(image.shape[:2])
     fig.update_xaxes(**axes["x"])
-    fig.update_yaxes(**axes["y"], scaleanchor="x")
+    fig.update_yaxes(**axes["y"])
+    fig.update_yaxes(scaleanchor="x", row=1, col=1)
+    fig.update_yaxes(scaleanchor="x2", row=1, col=2)
     fig.update_layout(
         title={"text": title, "font": {"size": 12}},
         template=TEMPLATE,
-        width=460,
-        height=440,
+        width=620,
+        height=400,
         margin={"l": 20, "r": 20, "t": 70, "b": 20},
+        showlegend=False,
     )
     return fig
 

@@ -6,13 +6,13 @@ import base64
 
 import dash
 import plotly.graph_objects as go
-from dash import Input, Output, State, ctx, dcc, html
+from dash import Input, Output, State, dcc, html
 
 from lkat_lens import figures
 from lkat_lens.analyses.attributions import METHODS  # every method the library has, occlusion and SmoothGrad too
 from lkat_lens.apps.state import MAX_UPLOAD_BYTES, BadUpload, CheckpointState, ExplorerState
 
-from .common import compare_panel, graph, message_figure, require_tab, side_by_side, static_graph
+from .common import compare_panel, fill_panes, graph, message_figure, require_tab, side_by_side, static_graph
 
 TAB = "attributions"
 BROWSER_UPLOAD_CAP = 4 * MAX_UPLOAD_BYTES  # dcc.Upload drops larger files in the browser, without a message
@@ -46,10 +46,8 @@ def tab(state: ExplorerState) -> dcc.Tab:
         choices,
         upload,
         html.Div(id="upload-message", role="alert", style={"color": "#b00020"}),
-        html.Div(
-            [graph("attribution-figure"), graph("attribution-curves")],
-            style={"display": "flex", "flexWrap": "wrap", "gap": "1em"},
-        ),
+        graph("attribution-figure"),
+        graph("attribution-curves"),
     ]
     return dcc.Tab(label="Attributions", value=TAB, children=side_by_side(main, "compare-attributions"))
 
@@ -71,7 +69,7 @@ def class_of(target: int | None) -> int | None:
 def title(ckpt: CheckpointState, method: str, target: int | None, of: str) -> str:
     """What an attribution figure shows: method, class and image."""
     chosen = "the predicted class" if target is None else f"class {ckpt.class_name(target)}"
-    return f"{method} attribution of {chosen} in {of}"
+    return f"{method} attribution of {chosen}<br>in {of}"
 
 
 def dataset_figures(ckpt: CheckpointState, image: int, method: str, target: int | None) -> list[go.Figure]:
@@ -79,7 +77,11 @@ def dataset_figures(ckpt: CheckpointState, image: int, method: str, target: int 
     found = ckpt.attribution(image, method, target)
     of = f"image {image}"
     overlay = figures.attribution_figure(
-        found, ckpt.shown[image : image + 1], title=title(ckpt, method, target, of), names=[of]
+        found,
+        ckpt.shown[image : image + 1],
+        title=title(ckpt, method, target, of),
+        names=[of],
+        class_names=ckpt.class_names,
     )
     return [overlay, figures.faithfulness_figure(ckpt.faithfulness(image, method, target))]
 
@@ -90,14 +92,38 @@ def upload_figures(ckpt: CheckpointState, content: bytes, name: str, method: str
     images = loaded.tensor.unsqueeze(0)
     found = ckpt.attribute(images, method, target)
     overlay = figures.attribution_figure(
-        found, ckpt.display(images), title=title(ckpt, method, target, name), names=[name]
+        found, ckpt.display(images), title=title(ckpt, method, target, name), names=[name], class_names=ckpt.class_names
     )
     notes = html.Span(f"{name}: {'; '.join(loaded.notes)}", style={"color": "#555"}) if loaded.notes else ""
     return [overlay, figures.faithfulness_figure(ckpt.faithfulness_of(images, found)), notes]
 
 
+def shown_figures(
+    ckpt: CheckpointState, image: int, upload: str | None, filename: str | None, method: str, target: int | None
+) -> list:
+    """Overlay, curves and message of what the page shows: the upload while there is one (an unreadable one:
+    figures that say why, so no earlier upload stays on screen), else the sample image."""
+    if not upload:
+        return [*dataset_figures(ckpt, image, method, target), ""]
+    name = filename or "the upload"
+    try:
+        return upload_figures(ckpt, decode_upload(upload), name, method, target)
+    except BadUpload as err:
+        return [message_figure(f"no attribution: {name} is not a usable image"), message_figure(""), str(err)]
+
+
 def register(app: dash.Dash, state: ExplorerState) -> None:
     """Attribution callbacks."""
+
+    @app.callback(
+        Output("upload", "contents"),
+        Output("upload", "filename"),
+        Input("image", "value"),
+        prevent_initial_call=True,
+    )
+    def drop_upload(_image: int) -> tuple[None, None]:
+        """Choosing a sample image drops the upload: figures, predictions and the compare column follow."""
+        return None, None
 
     @app.callback(
         Output("attribution-figure", "figure"),
@@ -111,17 +137,11 @@ def register(app: dash.Dash, state: ExplorerState) -> None:
         Input("upload", "contents"),
         State("upload", "filename"),
     )
-    def attribution(tab_value, index, image, method, target, contents, filename):
-        """The current image's attribution, or the upload's (a message in the page when it is unreadable)."""
+    def attribution(tab_value, index, image, method, target, upload, filename):
+        """The upload's attribution while there is one, else the sample image's."""
         require_tab(tab_value, TAB)
-        ckpt, target = state[index], class_of(target)
-        if contents and ctx.triggered_id != "image":
-            name = filename or "the upload"
-            try:
-                return upload_figures(ckpt, decode_upload(contents), name, method, target)
-            except BadUpload as err:
-                return dash.no_update, dash.no_update, str(err)
-        return *dataset_figures(ckpt, image, method, target), ""
+        overlay, curves, message = shown_figures(state[index], image, upload, filename, method, class_of(target))
+        return *fill_panes([overlay, curves]), message
 
     @app.callback(
         Output("compare-attributions", "children"),
@@ -130,15 +150,17 @@ def register(app: dash.Dash, state: ExplorerState) -> None:
         Input("image", "value"),
         Input("method", "value"),
         Input("target", "value"),
+        Input("upload", "contents"),
+        State("upload", "filename"),
     )
-    def compare(tab_value, index, image, method, target):
-        """The same sample image's attribution in the compared checkpoint."""
+    def compare(tab_value, index, image, method, target, upload, filename):
+        """The same image's attribution (the upload, or the sample image) in the compared checkpoint."""
         require_tab(tab_value, TAB)
 
         def panels(ckpt: CheckpointState) -> list:
-            if image >= len(ckpt.sample.labels):
+            if not upload and image >= len(ckpt.sample.labels):
                 return [static_graph("compare-attribution-figure", message_figure(f"no image {image} in its sample"))]
-            overlay, curves = dataset_figures(ckpt, image, method, class_of(target))
+            overlay, curves, _ = shown_figures(ckpt, image, upload, filename, method, class_of(target))
             return [
                 static_graph("compare-attribution-figure", overlay),
                 static_graph("compare-attribution-curves", curves),

@@ -20,7 +20,19 @@ def graph(graph_id: str) -> dcc.Loading:
 
 def static_graph(graph_id: str, figure: go.Figure) -> dcc.Graph:
     """A figure drawn once, for panels a callback builds whole (the compare column)."""
-    return dcc.Graph(id=graph_id, figure=figure, config=GRAPH_CONFIG)
+    return dcc.Graph(id=graph_id, figure=fill_pane(figure), config=GRAPH_CONFIG)
+
+
+def fill_pane(figure: go.Figure) -> go.Figure:
+    """The figure as wide as its pane (the builders' fixed widths are for PNG files), so the page stays readable
+    side by side at any window width; its height stays the builder's. Changes the figure itself (cheap, and the
+    same for every call, so cached figures can go through it again)."""
+    return figure.update_layout(width=None, autosize=True)
+
+
+def fill_panes(figures: list[go.Figure]) -> list[go.Figure]:
+    """fill_pane of each figure."""
+    return [fill_pane(f) for f in figures]
 
 
 def message_figure(text: str) -> go.Figure:
@@ -37,13 +49,16 @@ def label(ckpt: CheckpointState) -> str:
 
 
 def side_by_side(main: list, compare_id: str) -> html.Div:
-    """The view's own panels and, next to them, the compare column that a callback fills."""
+    """The view's own panels and, next to them, the compare column that a callback fills: two equal halves while
+    it has content, the whole width for the view otherwise (assets/explorer.css)."""
     return html.Div(
         [
-            html.Div(main, style={"flex": "1 1 auto", "minWidth": 0}),
-            dcc.Loading(html.Div(id=compare_id), type="circle", parent_style={"flex": "1 1 auto", "minWidth": 0}),
+            html.Div(main, className="view-pane"),
+            dcc.Loading(
+                html.Div(id=compare_id, className="compare-column"), type="circle", parent_className="compare-pane"
+            ),
         ],
-        style={"display": "flex", "gap": "1em", "alignItems": "flex-start"},
+        className="side-by-side",
     )
 
 

@@ -11,10 +11,22 @@ from dash import Input, Output, dcc, html
 from lkat_lens import figures
 from lkat_lens.apps.state import CheckpointState, ExplorerState
 
-from .common import block_message, compare_panel, graph, message_figure, require_tab, side_by_side, static_graph
+from .common import (
+    block_message,
+    compare_panel,
+    fill_pane,
+    fill_panes,
+    graph,
+    message_figure,
+    require_tab,
+    side_by_side,
+    static_graph,
+)
 
 TAB = "edges"
 LAYERS = ("fc1", "fc2")
+COLUMNS = 4  # panels per row of a curve grid with the page to itself
+COMPARE_COLUMNS = 2  # ... and in half of it, beside the compared checkpoint
 
 
 def tab(state: ExplorerState) -> dcc.Tab:
@@ -39,28 +51,30 @@ def not_applicable(ckpt: CheckpointState, block: int) -> str | None:
     return block_message(ckpt, block)
 
 
-def block_figures(ckpt: CheckpointState, block: int) -> list[go.Figure]:
-    """fc1 and fc2 top-k curves of a block and the input coverage of both (built once per block)."""
+def block_figures(ckpt: CheckpointState, block: int, cols: int = COLUMNS) -> list[go.Figure]:
+    """fc1 and fc2 top-k curves of a block (grids `cols` panels wide) and the input coverage of both (built once
+    per block and width)."""
     reason = not_applicable(ckpt, block)
     if reason:
         return [message_figure(reason)] * 3
-    return ckpt.cached(("edge_figures", block), lambda: build_block_figures(ckpt, block))
+    return ckpt.cached(("edge_figures", block, cols), lambda: build_block_figures(ckpt, block, cols))
 
 
-def build_block_figures(ckpt: CheckpointState, block: int) -> list[go.Figure]:
+def build_block_figures(ckpt: CheckpointState, block: int, cols: int) -> list[go.Figure]:
     """fc1 and fc2 top-k curves of a block and the input coverage of both."""
     layers = ckpt.block_layers(block)
-    figs, coverages, centers = [], {}, []
+    figs, coverages, shares, centers = [], {}, {}, []
     for short in LAYERS:
         if short not in layers:
             figs.append(message_figure(f"block {block} has no KAN {short}"))
             continue
         curves, scores, stats = ckpt.edge_curves(block, short)
-        figs.append(figures.edge_layer_figure(block, short, curves, stats, scores))
+        shares[short] = ckpt.span_share(block, short)
+        figs.append(figures.edge_layer_figure(block, short, curves, stats, scores, cols=cols, span_share=shares[short]))
         coverages[short] = stats.coverage
         centers = curves.centers.tolist()
     title = f"block {block}: input coverage of the RBF grid (shaded: support [grid_min - h, grid_max + h])"
-    return [*figs, figures.coverage_figure(coverages, centers, title=title)]
+    return [*figs, figures.coverage_figure(coverages, centers, title=title, span_shares=shares)]
 
 
 def layer_missing(ckpt: CheckpointState, block: int, layer: str) -> str | None:
@@ -71,17 +85,19 @@ def layer_missing(ckpt: CheckpointState, block: int, layer: str) -> str | None:
     return reason
 
 
-def importance(ckpt: CheckpointState, block: int, layer: str) -> go.Figure:
-    """The importance heatmap of a block's layer (built once per block and layer)."""
+def importance(ckpt: CheckpointState, block: int, layer: str, edge: dict[str, Any] | None = None) -> go.Figure:
+    """The importance heatmap of a block's layer with the chosen edge framed (the clicked one, or the most
+    important; built once per block, layer and edge)."""
     reason = layer_missing(ckpt, block, layer)
     if reason:
         return message_figure(reason)
+    selected = chosen_edge(ckpt, block, layer, edge)
 
     def build() -> go.Figure:
         edge_std = ckpt.edge_importance(block, layer).edge_std
-        return figures.importance_figure(edge_std, f"block {block} {layer}: edge importance")
+        return figures.importance_figure(edge_std, f"block {block} {layer}: edge importance", selected=selected)
 
-    return ckpt.cached(("importance_figure", block, layer), build)
+    return ckpt.cached(("importance_figure", block, layer, selected), build)
 
 
 def clicked_edge(ckpt: CheckpointState, block: int, layer: str, point: dict[str, Any]) -> tuple[int, int]:
@@ -125,11 +141,12 @@ def register(app: dash.Dash, state: ExplorerState) -> None:
         Input("tabs", "value"),
         Input("checkpoint", "value"),
         Input("block", "value"),
+        Input("compare", "value"),
     )
-    def curves(tab_value: str, index: int, block: int) -> list[go.Figure]:
-        """Curves and coverage of the block."""
+    def curves(tab_value: str, index: int, block: int, compare: int | None) -> list[go.Figure]:
+        """Curves and coverage of the block, in narrower grids while the compare column takes half the page."""
         require_tab(tab_value, TAB)
-        return block_figures(state[index], block)
+        return fill_panes(block_figures(state[index], block, COLUMNS if compare is None else COMPARE_COLUMNS))
 
     @app.callback(
         Output("edge-importance", "figure"),
@@ -137,11 +154,12 @@ def register(app: dash.Dash, state: ExplorerState) -> None:
         Input("checkpoint", "value"),
         Input("block", "value"),
         Input("edge-layer", "value"),
+        Input("edge", "data"),
     )
-    def heatmap(tab_value: str, index: int, block: int, layer: str) -> go.Figure:
-        """Importance heatmap of the block's chosen layer."""
+    def heatmap(tab_value: str, index: int, block: int, layer: str, edge: dict[str, Any] | None) -> go.Figure:
+        """Importance heatmap of the block's chosen layer, the chosen edge framed."""
         require_tab(tab_value, TAB)
-        return importance(state[index], block, layer)
+        return fill_pane(importance(state[index], block, layer, edge))
 
     @app.callback(
         Output("edge-detail", "figure"),
@@ -154,7 +172,7 @@ def register(app: dash.Dash, state: ExplorerState) -> None:
     def detail(tab_value: str, index: int, block: int, layer: str, edge: dict[str, Any] | None) -> go.Figure:
         """The chosen edge's curve and symbolic fit."""
         require_tab(tab_value, TAB)
-        return edge_detail(state[index], block, layer, edge)
+        return fill_pane(edge_detail(state[index], block, layer, edge))
 
     @app.callback(
         Output("compare-edges", "children"),
@@ -168,7 +186,7 @@ def register(app: dash.Dash, state: ExplorerState) -> None:
         require_tab(tab_value, TAB)
 
         def panels(ckpt: CheckpointState) -> list:
-            fc1, fc2, _ = block_figures(ckpt, block)
+            fc1, fc2, _ = block_figures(ckpt, block, COMPARE_COLUMNS)
             return [
                 static_graph("compare-fc1-curves", fc1),
                 static_graph("compare-fc2-curves", fc2),

@@ -12,6 +12,8 @@ from lkat_lens.apps.state import CheckpointState, ExplorerState
 from .common import (
     block_message,
     compare_panel,
+    fill_pane,
+    fill_panes,
     graph,
     head_of,
     message_figure,
@@ -32,7 +34,8 @@ def tab(state: ExplorerState) -> dcc.Tab:
         graph("gate-half-life"),
         graph("gate-heads"),
         graph("gate-channels"),
-        html.Div([graph("cls-attention"), graph("patch-attention")], style={"display": "flex", "flexWrap": "wrap"}),
+        graph("cls-attention"),
+        graph("patch-attention"),
         dcc.RadioItems(id="rollout-method", options=list(ROLLOUT_METHODS), value=ROLLOUT_METHODS[0], inline=True),
         graph("rollout"),
     ]
@@ -119,7 +122,7 @@ def register(app: dash.Dash, state: ExplorerState) -> None:
     def gates(tab_value: str, index: int, block: int, head: int) -> list[go.Figure]:
         """Gate views of the block and head."""
         require_tab(tab_value, TAB)
-        return gate_figures(state[index], block, head)
+        return fill_panes(gate_figures(state[index], block, head))
 
     @app.callback(
         Output("cls-attention", "figure"),
@@ -134,7 +137,7 @@ def register(app: dash.Dash, state: ExplorerState) -> None:
     def attention(tab_value: str, index: int, block: int, image: int, head: int, patch: int | None):
         """Class-token and patch attention of the block."""
         require_tab(tab_value, TAB)
-        return attention_figures(state[index], block, image, head, patch)
+        return fill_panes(attention_figures(state[index], block, image, head, patch))
 
     @app.callback(
         Output("rollout", "figure"),
@@ -147,7 +150,7 @@ def register(app: dash.Dash, state: ExplorerState) -> None:
     def rollout(tab_value: str, index: int, image: int, method: str, patch: int | None) -> go.Figure:
         """Attention rollout of the image."""
         require_tab(tab_value, TAB)
-        return rollout_figure(state[index], image, method, patch)
+        return fill_pane(rollout_figure(state[index], image, method, patch))
 
     @app.callback(
         Output("compare-gates", "children"),

@@ -10,7 +10,7 @@ from lkat_lens import figures
 from lkat_lens.apps.state import CheckpointState, ExplorerState
 from lkat_lens.study import format_card
 
-from .common import compare_panel, graph, label, side_by_side, static_graph
+from .common import compare_panel, fill_pane, graph, label, side_by_side, static_graph
 
 TAB = "overview"
 
@@ -37,7 +37,7 @@ def register(app: dash.Dash, state: ExplorerState) -> None:
     @app.callback(Output("model-card", "children"), Output("training-curves", "figure"), Input("checkpoint", "value"))
     def overview(index: int) -> tuple[str, go.Figure]:
         """The model card and training curves of the checkpoint."""
-        return card_text(state[index]), curves(state[index])
+        return card_text(state[index]), fill_pane(curves(state[index]))
 
     @app.callback(Output("compare-overview", "children"), Input("compare", "value"))
     def compare(index: int | None) -> list:

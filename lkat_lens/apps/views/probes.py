@@ -9,7 +9,7 @@ from dash import Input, Output, dcc, html
 from lkat_lens import figures
 from lkat_lens.apps.state import ExplorerState
 
-from .common import compare_panel, graph, require_tab, side_by_side, static_graph
+from .common import compare_panel, fill_pane, graph, require_tab, side_by_side, static_graph
 
 TAB = "probes"
 
@@ -35,7 +35,7 @@ def register(app: dash.Dash, state: ExplorerState) -> None:
     def probe(tab_value: str, index: int, block: int) -> go.Figure:
         """Probe accuracy per depth, the current block's output marked."""
         require_tab(tab_value, TAB)
-        return figures.probe_figure(state[index].probes(), depth=block + 1)
+        return fill_pane(figures.probe_figure(state[index].probes(), depth=block + 1))
 
     @app.callback(
         Output("compare-probes", "children"), Input("tabs", "value"), Input("compare", "value"), Input("block", "value")

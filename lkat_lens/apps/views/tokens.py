@@ -12,6 +12,7 @@ from lkat_lens.apps.state import CheckpointState, ExplorerState
 from .common import (
     block_message,
     compare_panel,
+    fill_panes,
     graph,
     message_figure,
     patch_or_centre,
@@ -69,7 +70,7 @@ def register(app: dash.Dash, state: ExplorerState) -> None:
     def tokens(tab_value: str, index: int, block: int, image: int, patch: int | None) -> list[go.Figure]:
         """Token norms and outliers of the image after the block."""
         require_tab(tab_value, TAB)
-        return token_figures(state[index], block, image, patch)
+        return fill_panes(token_figures(state[index], block, image, patch))
 
     @app.callback(Output("compare-tokens", "children"), Input("tabs", "value"), Input("compare", "value"))
     def compare(tab_value: str, index: int | None) -> list:

@@ -13,7 +13,7 @@ from lkat_lens.apps.state import CheckpointState, ExplorerState
 from lkat_lens.figures.training import QUANTITIES, telemetry_figure
 from lkat_lens.runs import run_folder_of
 
-from .common import block_message, graph, message_figure, require_tab
+from .common import block_message, fill_pane, graph, message_figure, require_tab
 
 TAB = "training"
 NO_TELEMETRY = "no telemetry: open a run folder of lkat-lens train (it writes telemetry.jsonl unless --no-telemetry)"
@@ -73,7 +73,7 @@ def snapshot_curves(state: ExplorerState, ckpt: CheckpointState, block: int, epo
     if reason:
         return message_figure(reason)
     curves, scores, stats = snapshot.edge_curves(block, "fc1")
-    fig = figures.edge_layer_figure(block, "fc1", curves, stats, scores)
+    fig = figures.edge_layer_figure(block, "fc1", curves, stats, scores, span_share=snapshot.span_share(block, "fc1"))
     fig.update_layout(title=f"epoch {epoch}: {fig.layout.title.text}")
     return fig
 
@@ -92,7 +92,7 @@ def register(app: dash.Dash, state: ExplorerState) -> None:
     def draw_telemetry(tab_value: str, index: int, block: int, quantity: str, scope: str) -> go.Figure:
         """The chosen quantity over epochs for the selected block (or every block)."""
         require_tab(tab_value, TAB)
-        return telemetry(state[index], quantity, None if scope == "all" else [block])
+        return fill_pane(telemetry(state[index], quantity, None if scope == "all" else [block]))
 
     @app.callback(
         Output("snapshot-epoch", "marks"),
@@ -120,4 +120,4 @@ def register(app: dash.Dash, state: ExplorerState) -> None:
     def draw_snapshot(tab_value: str, index: int, block: int, epoch: int | None) -> go.Figure:
         """The block's curves at the chosen snapshot."""
         require_tab(tab_value, TAB)
-        return snapshot_curves(state, state[index], block, epoch)
+        return fill_pane(snapshot_curves(state, state[index], block, epoch))
