@@ -1,5 +1,5 @@
 # Two commands do all set-up on a fresh machine:
-#   make train   -> creates .venv, installs lkat-lens (+ Debian chromium), trains lkat_micro on digits (CPU, ~2 min)
+#   make train   -> creates .venv, installs lkat-lens (+ Debian chromium), trains lkat_micro on digits (CPU, ~4 min)
 #   make test    -> the same set-up, then the CPU test suite (browser tests in headless chromium)
 PYTHON ?= python3
 VENV   ?= .venv
