@@ -100,3 +100,19 @@ def test_models_without_gla_are_refused(images):
     model = RbfKAT(img_size=16, patch_size=4, embed_dim=32, depth=1, num_heads=2, num_classes=10).eval()
     with pytest.raises(ValueError, match="no GLA blocks"):
         gate_statistics(model, images)
+
+
+def test_streamed_in_batches_equals_one_pass(lkat):
+    """Issue 15: batches of 2 give the one-pass statistics; the quantiles cover only the first quantile_images."""
+    images = torch.randn(5, 3, 16, 16, generator=torch.Generator().manual_seed(3))
+    whole = gate_statistics(lkat, images, bins=8)
+    streamed = gate_statistics(lkat, images, bins=8, batch_size=2)
+    for field in ("log_alpha", "log_alpha_map"):
+        assert_close(getattr(streamed, field), getattr(whole, field), rtol=1e-12, atol=1e-12)
+    for name, value in whole.log_alpha_by_type.items():
+        assert_close(streamed.log_alpha_by_type[name], value, rtol=1e-12, atol=1e-12)
+    assert torch.equal(streamed.log_alpha_quantiles, whole.log_alpha_quantiles)
+    assert torch.equal(streamed.hist_counts, whole.hist_counts)
+    few = gate_statistics(lkat, images, bins=8, batch_size=2, quantile_images=3)
+    assert torch.equal(few.log_alpha_quantiles, gate_statistics(lkat, images[:3], bins=8).log_alpha_quantiles)
+    assert_close(few.log_alpha, whole.log_alpha, rtol=1e-12, atol=1e-12)  # the means still see all five

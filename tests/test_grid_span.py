@@ -47,3 +47,9 @@ def test_a_layer_fed_one_point_is_a_sliver():
     x = torch.full((50, 3), 0.25) + 5e-9 * torch.randn(50, 3, generator=torch.Generator().manual_seed(0))
     assert grid_span_share(x, -2.0, 2.0) < 1e-8 and is_sliver(grid_span_share(x, -2.0, 2.0))
     assert not is_sliver(SLIVER)
+
+
+def test_layer_span_shares_stream_over_the_first_images(lkat):
+    images = torch.randn(5, 3, 16, 16, generator=torch.Generator().manual_seed(5))
+    assert layer_span_shares(lkat, images, batch_size=2) == pytest.approx(layer_span_shares(lkat, images), rel=1e-9)
+    assert layer_span_shares(lkat, images, batch_size=2, max_images=3) == layer_span_shares(lkat, images[:3])

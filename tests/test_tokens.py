@@ -81,3 +81,11 @@ def test_token_groups_follow_the_layout(lkat, vit):
         "cls": slice(20, 21),
     }
     assert token_groups(vit.token_layout) == {"patches": slice(1, 17), "cls": slice(0, 1)}
+
+
+def test_streamed_in_batches_equals_one_pass(lkat):
+    """Issue 15: norms computed in batches of 2 equal one pass (each image's tokens are its own)."""
+    images = torch.randn(5, 3, 16, 16, generator=torch.Generator().manual_seed(4))
+    whole, streamed = token_norms(lkat, images), token_norms(lkat, images, batch_size=2)
+    assert_close(streamed.norms, whole.norms)
+    assert_close(streamed.thresholds, whole.thresholds)

@@ -21,6 +21,7 @@ import torch
 
 from lkat_lens.models.hooks import HookedModel, HookPoint
 
+from .batching import on_model
 from .parts import attention_kinds, class_token_index, patch_grid, targets_for
 from .tokens import layout_dict
 
@@ -45,7 +46,7 @@ def _patterns(
         found[hook.name] = keep(pattern)
 
     with torch.no_grad(), model.hooks(fwd_hooks=[(set(names).__contains__, record)]):
-        model(images)
+        model(on_model(model, images))
     return [found[n] for n in names]
 
 
@@ -180,7 +181,8 @@ def attention_gradients(
 ) -> AttentionGradients:
     """Attention matrices of all blocks and ∂ logit_target / ∂A, from one forward and backward through hook_pattern."""
     names = [_pattern_name(i) for i in range(len(attention_kinds(model)))]
-    logits, cache = model.run_with_cache(images.detach().requires_grad_(True), names=names, grad=True)
+    inputs = on_model(model, images).detach().requires_grad_(True)
+    logits, cache = model.run_with_cache(inputs, names=names, grad=True)
     patterns = [cache[n] for n in names]
     chosen = logits.argmax(-1) if target is None else targets_for(logits.shape[0], target, logits.device)
     grads = torch.autograd.grad(logits.gather(1, chosen[:, None]).sum(), patterns)

@@ -18,6 +18,7 @@ import torch
 
 from lkat_lens.models.hooks import HookedModel
 
+from .batching import Images, batches, on_model
 from .parts import gla_blocks
 from .serialize import json_ready
 from .tokens import layout_dict, token_groups
@@ -117,34 +118,55 @@ def _histogram(alpha: torch.Tensor, bins: int) -> tuple[torch.Tensor, torch.Tens
     return edges, counts.scatter_add_(-1, index, torch.ones_like(index))
 
 
+QUANTILE_IMAGES = 256  # the gate quantiles and histogram are taken over at most this many (the first) images
+
+
 def gate_statistics(
     model: HookedModel,
-    images: torch.Tensor,
+    images: Images,
     bins: int = 32,
     quantiles: Sequence[float] = QUANTILES,
+    *,
+    batch_size: int | None = None,
+    quantile_images: int = QUANTILE_IMAGES,
 ) -> GateStats:
-    """Forget-gate values, distribution and half-lives of every GLA block of `model` on `images` (one forward)."""
+    """Forget-gate values, distribution and half-lives of every GLA block of `model` on `images`, streamed in
+    batches of `batch_size` on the model's device. Means, token-type and patch maps run over all images; the
+    quantiles and the histogram over the first `quantile_images` (exact nearest-rank there: they need every value).
+    """
     blocks = gla_blocks(model)
     if not blocks:
         raise ValueError(f"{type(model).__name__} has no GLA blocks; gate statistics need LKAT-style attention")
     names = [f"blocks.{i}.attn.hook_gk" for i in blocks]
-    _, cache = model.run_with_cache(images, names=names)
-    gk = torch.stack([cache[n] for n in names]).double()  # [L, B, T, H, dk]
-    per_channel = gk.permute(0, 3, 4, 1, 2).flatten(3)  # [L, H, dk, B*T]
-    levels = torch.tensor(quantiles, dtype=torch.float64)
     layout = model.token_layout
     grid = tuple(model.patch_embed.grid_size)
+    groups = token_groups(layout)
+    images_seen, tokens, sums, by_type, patch_sums = 0, 0, 0.0, dict.fromkeys(groups, 0.0), 0.0
+    kept, kept_images = [], 0
+    for batch in batches(images, batch_size):
+        _, cache = model.run_with_cache(on_model(model, batch), names=names)
+        gk = torch.stack([cache[n] for n in names]).double()  # [L, B, T, H, dk]
+        images_seen, tokens = images_seen + gk.shape[1], tokens + gk.shape[1] * gk.shape[2]
+        sums = sums + gk.sum((1, 2))
+        by_type = {name: by_type[name] + gk[:, :, s].sum((1, 2)) for name, s in groups.items()}
+        patch_sums = patch_sums + gk[:, :, layout["patches"]].sum((1, 4))  # [L, N, H]
+        if kept_images < quantile_images:
+            kept.append(gk[:, : quantile_images - kept_images])
+            kept_images += kept[-1].shape[1]
+    per_channel = torch.cat(kept, dim=1).permute(0, 3, 4, 1, 2).flatten(3)  # [L, H, dk, B*T]
+    levels = torch.tensor(quantiles, dtype=torch.float64)
     edges, counts = _histogram(per_channel.flatten(2).exp(), bins)
+    channels = kept[0].shape[-1]
     return GateStats(
         blocks=blocks,
         layout=layout,
         grid_size=grid,
-        log_alpha=gk.mean((1, 2)),
+        log_alpha=sums / tokens,
         quantile_levels=levels,
         log_alpha_quantiles=nearest_rank_quantiles(per_channel, levels),
         head_log_alpha_quantiles=nearest_rank_quantiles(per_channel.flatten(2), levels),
         hist_edges=edges,
         hist_counts=counts,
-        log_alpha_by_type={name: gk[:, :, s].mean((1, 2)) for name, s in token_groups(layout).items()},
-        log_alpha_map=gk[:, :, layout["patches"]].mean((1, 4)).transpose(1, 2).unflatten(-1, grid),
+        log_alpha_by_type={name: by_type[name] / (images_seen * (s.stop - s.start)) for name, s in groups.items()},
+        log_alpha_map=(patch_sums / (images_seen * channels)).transpose(1, 2).unflatten(-1, grid),
     )

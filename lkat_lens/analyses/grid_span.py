@@ -7,6 +7,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from .batching import Images, batches, on_model
 from .parts import eval_mode, kan_layers
 
 SPAN_QUANTILE = 0.01  # a channel's span is its [1 %, 99 %] quantile range
@@ -28,15 +29,31 @@ def is_sliver(share: float) -> bool:
     return share < SLIVER
 
 
+SPAN_IMAGES = 256  # the quantiles are taken over at most this many (the first) images
+
+
 @torch.no_grad()
-def layer_span_shares(model: nn.Module, images: torch.Tensor) -> dict[str, float]:
-    """grid_span_share of every KAN layer's inputs (its hook_in) on `images`, by layer name."""
+def layer_span_shares(
+    model: nn.Module, images: Images, *, batch_size: int | None = None, max_images: int = SPAN_IMAGES
+) -> dict[str, float]:
+    """grid_span_share of every KAN layer's inputs (its hook_in) on the first `max_images` of `images`, fed in
+    batches of `batch_size` on the model's device, by layer name."""
     layers = kan_layers(model)
     if not layers:
         return {}
+    names = [f"{name}.hook_in" for name in layers]
+    kept: dict[str, list[torch.Tensor]] = {name: [] for name in names}
+    seen = 0
     with eval_mode(model):
-        _, cache = model.run_with_cache(images, names=[f"{name}.hook_in" for name in layers])
+        for batch in batches(images, batch_size):
+            if seen >= max_images:
+                break
+            batch = batch[: max_images - seen]
+            _, cache = model.run_with_cache(on_model(model, batch), names=names)
+            for name in names:
+                kept[name].append(cache[name])
+            seen += batch.shape[0]
     return {
-        name: grid_span_share(cache[f"{name}.hook_in"], layer.rbf.grid_min, layer.rbf.grid_max)
+        name: grid_span_share(torch.cat(kept[f"{name}.hook_in"]), layer.rbf.grid_min, layer.rbf.grid_max)
         for name, layer in layers.items()
     }

@@ -15,6 +15,7 @@ import torch
 
 from lkat_lens.models.hooks import HookedModel
 
+from .batching import Images, batches, on_model
 from .parts import residual_names
 
 OUTLIER_Z = 5.0
@@ -93,12 +94,21 @@ class TokenNorms:
 
 
 def token_norms(
-    model: HookedModel, images: torch.Tensor, z: float = OUTLIER_Z, ratio: float = OUTLIER_RATIO
+    model: HookedModel,
+    images: Images,
+    z: float = OUTLIER_Z,
+    ratio: float = OUTLIER_RATIO,
+    *,
+    batch_size: int | None = None,
 ) -> TokenNorms:
-    """Token L2 norms by depth and high-norm outlier patches of a hooked model (LKAT, rbfKAT, ViT-5, timm ViT)."""
+    """Token L2 norms by depth and high-norm outlier patches of a hooked model (LKAT, rbfKAT, ViT-5, timm ViT),
+    streamed in batches of `batch_size` on the model's device (only the norms are kept)."""
     names = residual_names(model)
-    _, cache = model.run_with_cache(images, names=names)
-    norms = torch.stack([torch.linalg.norm(cache[n].float(), dim=-1) for n in names])
+    found = []
+    for batch in batches(images, batch_size):
+        _, cache = model.run_with_cache(on_model(model, batch), names=names)
+        found.append(torch.stack([torch.linalg.norm(cache[n].float(), dim=-1) for n in names]))
+    norms = torch.cat(found, dim=1)
     layout = model.token_layout
     patches = norms[..., layout["patches"]]
     thresholds = outlier_threshold(patches.flatten(1), z, ratio)
