@@ -31,6 +31,8 @@ def cmd_analyze(args: argparse.Namespace) -> None:
     from lkat_lens.report import analyze, write_report
     from lkat_lens.study import Study
 
+    if args.batch_size < 1:
+        raise ValueError(f"--batch-size must be at least 1, got {args.batch_size}")
     torch.manual_seed(args.seed)
     study = Study.open(
         args.checkpoint,
@@ -40,9 +42,13 @@ def cmd_analyze(args: argparse.Namespace) -> None:
         num_images=args.num_images,
         probe_images=args.probe_images,
         attribution_images=args.attribution_images,
+        device=args.device,
+        batch_size=args.batch_size,
     )
     report = analyze(study)
     write_report(report, args.out)
+    if study.device.type == "cuda":
+        print(f"peak GPU memory: {torch.cuda.max_memory_allocated(study.device) / 2**30:.2f} GiB")
     print(f"wrote {args.out} ({', '.join(k for k in report if k not in ('checkpoint', 'model', 'data', 'sample'))})")
 
 
@@ -65,6 +71,8 @@ def add_data_arguments(parser: argparse.ArgumentParser, num_images: int) -> None
     parser.add_argument("--data", help="dataset name (default: the checkpoint's)")
     parser.add_argument("--data-dir", default="data", help="where cifar/imagefolder data live")
     parser.add_argument("--num-images", type=int, default=num_images, help="held-out images analysed")
+    parser.add_argument("--device", help="where the model runs: cpu, cuda or cuda:N (default: cuda when available)")
+    parser.add_argument("--batch-size", type=int, default=64, help="images per forward pass of the statistics")
 
 
 def add_checkpoint_argument(parser: argparse.ArgumentParser) -> None:

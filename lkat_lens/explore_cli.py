@@ -15,6 +15,8 @@ def cmd_explore(args: argparse.Namespace) -> None:
         raise ValueError(f"--num-images must be at least 1, got {args.num_images}")
     if args.edges < 1:
         raise ValueError(f"--edges must be at least 1, got {args.edges}")
+    if args.batch_size < 1:
+        raise ValueError(f"--batch-size must be at least 1, got {args.batch_size}")
     if args.probe_images < 2:
         raise ValueError(f"--probe-images must be at least 2, got {args.probe_images}")
     check_port_free(args.host, args.port)
@@ -25,6 +27,8 @@ def cmd_explore(args: argparse.Namespace) -> None:
         num_images=args.num_images,
         edges=args.edges,
         probe_images=args.probe_images,
+        device=args.device,
+        batch_size=args.batch_size,
     )
     print(f"lkat-lens explorer on http://{args.host}:{args.port}/ (Ctrl+C to stop)")
     app.run(host=args.host, port=args.port, debug=args.debug)

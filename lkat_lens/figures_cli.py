@@ -213,12 +213,16 @@ def make_figures(
     seed: int = 0,
     variant: str | None = None,
     progress: bool = True,
+    device: str | None = None,
+    batch_size: int = 64,
 ) -> list[Path]:
     """Load a checkpoint, analyse a seeded sample of its data, and write every figure plus index.html."""
     if fmt not in FORMATS:
         raise ValueError(f"--format must be one of {FORMATS}, got {fmt!r}")
     if edges < 1:
         raise ValueError(f"--edges must be at least 1, got {edges}")
+    if batch_size < 1:
+        raise ValueError(f"--batch-size must be at least 1, got {batch_size}")
     if fmt in STATIC_FORMATS:
         check_static_export()
     torch.manual_seed(seed)
@@ -231,6 +235,8 @@ def make_figures(
         num_images=num_images,
         edges=edges,
         attribution_images=overlay_images,
+        device=device,
+        batch_size=batch_size,
     )
     chosen = parse_blocks(blocks, study.num_blocks)
     check_kan_blocks(study, chosen)
@@ -275,5 +281,7 @@ def cmd_figures(args: argparse.Namespace) -> None:
         overlay_images=args.overlay_images,
         seed=args.seed,
         variant=args.variant,
+        device=args.device,
+        batch_size=args.batch_size,
     )
     print(f"wrote {len(paths)} figures and index.html to {args.out}")

@@ -10,8 +10,8 @@ from __future__ import annotations
 
 import os
 import threading
-from collections.abc import Callable
-from dataclasses import dataclass, replace
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, fields, is_dataclass, replace
 from functools import cached_property
 from pathlib import Path
 from typing import Any, TypeVar
@@ -22,6 +22,7 @@ from torch import nn
 from .analyses import attention, attributions, edge_functions, gates, grid_span, parts, probes, tokens
 from .analyses.attention import AttentionMatrices, ClsAttention, Rollout
 from .analyses.attributions import Attribution, FaithfulnessCurves
+from .analyses.batching import batches, on_model
 from .analyses.edge_functions import EdgeCurves, EdgeFunctionSummary, EdgeImportance, LayerStatistics
 from .analyses.gates import GateStats
 from .analyses.probes import ProbeResults
@@ -42,11 +43,42 @@ class StudyDefaults:
     probe_images: int = 256  # training images the linear probes are fitted on
     attribution_images: int = 4  # images shown with attention and attribution maps
     edges: int = 16  # edge functions per layer grid, most important first
+    batch_size: int = 64  # images per forward pass of the streaming statistics
     method_settings: tuple[tuple[str, tuple[tuple[str, Any], ...]], ...] = (("gradient_shap", (("n_samples", 8),)),)
 
     def settings(self, method: str) -> dict[str, Any]:
         """Keyword arguments of an attribution method (Integrated Gradients picks its own steps)."""
         return dict(dict(self.method_settings).get(method, ()))
+
+
+def on_cpu(result: T) -> T:
+    """A result with every tensor in it (fields of dataclasses, dicts, lists, tuples) moved to the CPU."""
+    if isinstance(result, torch.Tensor):
+        return result.cpu()
+    if is_dataclass(result) and not isinstance(result, type):
+        changed = {f.name: on_cpu(getattr(result, f.name)) for f in fields(result) if f.init}
+        return replace(result, **changed)
+    if isinstance(result, dict):
+        return {key: on_cpu(value) for key, value in result.items()}
+    if isinstance(result, list | tuple) and not hasattr(result, "_fields"):
+        return type(result)(on_cpu(value) for value in result)
+    return result
+
+
+def resolve_device(device: str | torch.device | None = None) -> torch.device:
+    """The device to study on: the one named, or CUDA when available, else the CPU (a clear error for a device
+    this machine does not have)."""
+    if device is None:
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    try:
+        device = torch.device(device)
+    except RuntimeError:
+        raise ValueError(f"unknown device {str(device)!r}; use cpu, cuda or cuda:N") from None
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise ValueError(f"device {device} requested, but CUDA is not available on this machine")
+    if device.type == "cuda" and device.index is not None and device.index >= torch.cuda.device_count():
+        raise ValueError(f"device {device} requested, but this machine has {torch.cuda.device_count()} CUDA devices")
+    return device
 
 
 class Study:
@@ -60,10 +92,12 @@ class Study:
         data: str | None = None,
         data_dir: str | os.PathLike = "data",
         defaults: StudyDefaults = StudyDefaults(),
+        device: str | torch.device | None = None,
     ) -> None:
         if not info.data:
             raise ValueError(f"{info.path} records no dataset or normalisation; pass a lkat-lens checkpoint")
-        self.model = model.eval()
+        self.model = model.eval() if device is None else model.eval().to(device)
+        self.device = next(model.parameters()).device
         self.info = info
         self.path = Path(info.path)
         self.defaults = defaults
@@ -81,11 +115,14 @@ class Study:
         variant: str | None = None,
         data: str | None = None,
         data_dir: str | os.PathLike = "data",
+        device: str | torch.device | None = None,
         **defaults: Any,
     ) -> Study:
-        """Load a checkpoint (or a reference state_dict with `variant`) and study it; keywords set StudyDefaults."""
+        """Load a checkpoint (or a reference state_dict with `variant`) and study it on `device` (default: CUDA when
+        available, else the CPU); keywords set StudyDefaults."""
+        device = resolve_device(device)
         model, info = load(path, variant=variant)
-        return cls(model, info, data=data, data_dir=data_dir, defaults=StudyDefaults(**defaults))
+        return cls(model, info, data=data, data_dir=data_dir, defaults=StudyDefaults(**defaults), device=device)
 
     # ---------------------------------------------------------------------------------------------- parts
 
@@ -158,6 +195,10 @@ class Study:
         """The seeded training-split sample the linear probes are fitted on."""
         return load_sample(self.info.data, "train", self.defaults.probe_images, **self.data_source)
 
+    def _batches(self, images: torch.Tensor) -> Iterator[torch.Tensor]:
+        """The images in batches of the study's batch size."""
+        return batches(images, self.defaults.batch_size)
+
     def images(self, image: int | slice) -> torch.Tensor:
         """Sample images by index (one index keeps a batch dimension of 1)."""
         index = slice(image, image + 1) if isinstance(image, int) else image
@@ -167,16 +208,16 @@ class Study:
     def sample_top1(self) -> float:
         """Top-1 accuracy on the sample, in percent."""
         with torch.no_grad():
-            logits = self.model(self.sample.images)
+            logits = torch.cat([self.model(on_model(self.model, b)).cpu() for b in self._batches(self.sample.images)])
         return 100.0 * (logits.argmax(-1) == self.sample.labels).float().mean().item()
 
     # -------------------------------------------------------------------------------------------- caching
 
     def cached(self, key: tuple, compute: Callable[[], T]) -> T:
-        """The result stored under key, computed (once) on first use."""
+        """The result stored under key, computed (once) on first use, its tensors on the CPU."""
         with self._lock:
             if key not in self._cache:
-                self._cache[key] = compute()
+                self._cache[key] = on_cpu(compute())
                 self.computed.append(key)
             return self._cache[key]
 
@@ -185,12 +226,18 @@ class Study:
     def layer_statistics(self) -> dict[str, LayerStatistics]:
         """Input/output statistics and grid coverage of every KAN layer on the sample."""
         return self.cached(
-            ("layer_statistics",), lambda: edge_functions.layer_statistics(self.model, self.sample.images)
+            ("layer_statistics",),
+            lambda: edge_functions.layer_statistics(
+                self.model, self.sample.images, batch_size=self.defaults.batch_size
+            ),
         )
 
     def span_shares(self) -> dict[str, float]:
         """The share of its RBF grid every KAN layer's inputs occupy on the sample (analyses.grid_span)."""
-        return self.cached(("span_shares",), lambda: grid_span.layer_span_shares(self.model, self.sample.images))
+        return self.cached(
+            ("span_shares",),
+            lambda: grid_span.layer_span_shares(self.model, self.sample.images, batch_size=self.defaults.batch_size),
+        )
 
     def span_share(self, block: int, layer: str) -> float:
         """The share of its RBF grid the block layer's inputs occupy on the sample."""
@@ -199,7 +246,10 @@ class Study:
     def edge_summary(self) -> EdgeFunctionSummary:
         """Importance, coverage and top edges of every KAN layer (the report's edge-function section)."""
         return self.cached(
-            ("edge_summary",), lambda: edge_functions.summarize_edge_functions(self.model, self.sample.images)
+            ("edge_summary",),
+            lambda: edge_functions.summarize_edge_functions(
+                self.model, self.sample.images, batch_size=self.defaults.batch_size
+            ),
         )
 
     def edge_curves(self, block: int, layer: str) -> tuple[EdgeCurves, list[float], LayerStatistics]:
@@ -234,7 +284,10 @@ class Study:
         """Forget-gate statistics of every GLA block, or None for a model without GLA gates."""
         if not self.has_gates:
             return None
-        return self.cached(("gates",), lambda: gates.gate_statistics(self.model, self.sample.images))
+        return self.cached(
+            ("gates",),
+            lambda: gates.gate_statistics(self.model, self.sample.images, batch_size=self.defaults.batch_size),
+        )
 
     def block_gates(self, block: int) -> GateStats | None:
         """The gate statistics restricted to one block, or None when the block has no GLA gate."""
@@ -248,7 +301,10 @@ class Study:
 
     def token_norms(self) -> TokenNorms:
         """Token norms across depth on the sample."""
-        return self.cached(("tokens",), lambda: tokens.token_norms(self.model, self.sample.images))
+        return self.cached(
+            ("tokens",),
+            lambda: tokens.token_norms(self.model, self.sample.images, batch_size=self.defaults.batch_size),
+        )
 
     # ---------------------------------------------------------------------------------------- attention
 
@@ -291,13 +347,13 @@ class Study:
     @torch.no_grad()
     def top_k(self, images: torch.Tensor, k: int = 5) -> list[tuple[str, float]]:
         """The k most probable classes of one image [1, C, H, W] as (name, probability)."""
-        probs = self.model(images).float().softmax(-1)[0]
+        probs = self.model(on_model(self.model, images)).float().softmax(-1)[0].cpu()
         values, index = probs.topk(min(k, probs.numel()))
         return [(self.class_name(i), v) for i, v in zip(index.tolist(), values.tolist(), strict=True)]
 
     def attribute(self, images: torch.Tensor, method: str, target: int | None = None) -> Attribution:
         """A method's attribution of a class (default: the predicted one), with the study's method settings."""
-        return attributions.attribute(self.model, images, method, target, **self.defaults.settings(method))
+        return on_cpu(attributions.attribute(self.model, images, method, target, **self.defaults.settings(method)))
 
     def attribution(self, image: int | slice, method: str, target: int | None = None) -> Attribution:
         """A method's attribution for sample image(s), cached."""
@@ -308,7 +364,7 @@ class Study:
 
     def faithfulness_of(self, images: torch.Tensor, found: Attribution) -> FaithfulnessCurves:
         """Deletion/insertion curves of an attribution over its images' patches (blurred replacement)."""
-        return attributions.deletion_insertion(self.model, images, found, target=found.target)
+        return on_cpu(attributions.deletion_insertion(self.model, images, found, target=found.target))
 
     def faithfulness(self, image: int | slice, method: str, target: int | None = None) -> FaithfulnessCurves:
         """Deletion/insertion curves of a sample attribution, cached."""
@@ -325,7 +381,12 @@ class Study:
         return self.cached(
             ("probes",),
             lambda: probes.linear_probes(
-                self.model, self.probe_train.images, self.probe_train.labels, self.sample.images, self.sample.labels
+                self.model,
+                self.probe_train.images,
+                self.probe_train.labels,
+                self.sample.images,
+                self.sample.labels,
+                batch_size=self.defaults.batch_size,
             ),
         )
 

@@ -61,3 +61,13 @@ def test_explore_on_a_port_in_use_exits_2_before_loading(digits_checkpoint):
     assert done.returncode == 2
     assert done.stderr == f"lkat-lens: error: port {port} on 127.0.0.1 is in use; pick another one with --port\n"
     assert "running on" not in done.stdout.lower()
+
+
+def test_device_and_batch_size_errors_are_one_line(digits_checkpoint, capsys):
+    """Issue 15: --device and --batch-size on analyze, figures and explore; bad values exit 2 with one message."""
+    for command in ("analyze", "figures", "explore"):
+        assert lkat_lens_cli.main([command, str(digits_checkpoint), "--batch-size", "0"]) == 2
+        assert "--batch-size must be at least 1, got 0" in capsys.readouterr().err
+    assert lkat_lens_cli.main(["analyze", str(digits_checkpoint), "--device", "tpu9"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "unknown device 'tpu9'; use cpu, cuda or cuda:N" in err

@@ -111,3 +111,27 @@ def test_the_explorer_offers_every_attribution_method(study):
     for method in ("occlusion", "smoothgrad"):  # the two the explorer lacked run on one sample image
         found = study.attribution(0, method)
         assert found.patch_map.shape == (1, *study.grid_size) and bool(found.patch_map.abs().sum() > 0)
+
+
+def test_small_batches_give_the_one_batch_results(study, digits_checkpoint):
+    """Issue 15: the streaming statistics in batches of 5 (12 images: 3 batches) equal those of one batch."""
+    small = Study.open(digits_checkpoint, num_images=12, edges=4, batch_size=5, device="cpu")
+    assert small.defaults.batch_size == 5 and small.device == torch.device("cpu")
+    one, streamed = study.layer_statistics(), small.layer_statistics()
+    for name, stats in one.items():
+        assert_close(streamed[name].input_mean, stats.input_mean)
+        assert_close(streamed[name].output_std, stats.output_std)
+        assert torch.equal(streamed[name].coverage.counts, stats.coverage.counts)
+    assert_close(small.gate_statistics().log_alpha, study.gate_statistics().log_alpha)
+    assert torch.equal(small.gate_statistics().log_alpha_quantiles, study.gate_statistics().log_alpha_quantiles)
+    assert_close(small.token_norms().norms, study.token_norms().norms)
+    assert small.span_shares() == pytest.approx(study.span_shares(), rel=1e-6)
+    assert small.sample_top1 == study.sample_top1
+
+
+def test_a_device_this_machine_lacks_is_refused(digits_checkpoint):
+    with pytest.raises(ValueError, match="unknown device 'tpu9'"):
+        Study.open(digits_checkpoint, device="tpu9")
+    if not torch.cuda.is_available():
+        with pytest.raises(ValueError, match="CUDA is not available"):
+            Study.open(digits_checkpoint, device="cuda")

@@ -89,11 +89,14 @@ def create_app(
     num_images: int = 32,
     edges: int = 8,
     probe_images: int = 256,
+    device: str | None = None,
+    batch_size: int = 64,
 ) -> dash.Dash:
     """The explorer app for one or more checkpoints or run folders (their samples loaded, analyses computed on
     demand); a run folder opens as its best.pt, and its epoch snapshots join the checkpoint and compare lists."""
     given = [checkpoints] if isinstance(checkpoints, (str, os.PathLike)) else list(checkpoints)
     settings = {"data": data, "data_dir": data_dir, "num_images": num_images, "edges": edges}
+    settings |= {"device": device, "batch_size": batch_size}
 
     def load(path: Path) -> CheckpointState:
         return CheckpointState(path, probe_images=probe_images, **settings)

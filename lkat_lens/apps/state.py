@@ -14,7 +14,7 @@ from lkat_lens.checkpoint import load
 from lkat_lens.data import DataError
 from lkat_lens.images import LoadedImage, display_images, load_image
 from lkat_lens.runs import run_folder_of
-from lkat_lens.study import Study, StudyDefaults
+from lkat_lens.study import Study, StudyDefaults, resolve_device
 
 MAX_UPLOAD_BYTES = 2 * 2**20
 
@@ -35,10 +35,13 @@ class CheckpointState(Study):
         num_images: int = 32,
         edges: int = 8,
         probe_images: int = 256,
+        device: str | torch.device | None = None,
+        batch_size: int = StudyDefaults.batch_size,
     ) -> None:
+        device = resolve_device(device)
         model, info = load(path)
-        defaults = StudyDefaults(num_images=num_images, edges=edges, probe_images=probe_images)
-        super().__init__(model, info, data=data, data_dir=data_dir, defaults=defaults)
+        defaults = StudyDefaults(num_images=num_images, edges=edges, probe_images=probe_images, batch_size=batch_size)
+        super().__init__(model, info, data=data, data_dir=data_dir, defaults=defaults, device=device)
         self.shown = self.display(self.sample.images)
 
     def upload(self, content: bytes, name: str = "the upload") -> LoadedImage:
