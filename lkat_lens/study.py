@@ -22,7 +22,7 @@ from torch import nn
 from .analyses import attention, attributions, edge_functions, gates, grid_span, parts, probes, tokens
 from .analyses.attention import AttentionMatrices, ClsAttention, Rollout
 from .analyses.attributions import Attribution, FaithfulnessCurves
-from .analyses.batching import batches, on_model
+from .analyses.batching import batches, full_fp32, on_model
 from .analyses.edge_functions import EdgeCurves, EdgeFunctionSummary, EdgeImportance, LayerStatistics
 from .analyses.gates import GateStats
 from .analyses.probes import ProbeResults
@@ -207,7 +207,7 @@ class Study:
     @cached_property
     def sample_top1(self) -> float:
         """Top-1 accuracy on the sample, in percent."""
-        with torch.no_grad():
+        with torch.no_grad(), full_fp32():
             logits = torch.cat([self.model(on_model(self.model, b)).cpu() for b in self._batches(self.sample.images)])
         return 100.0 * (logits.argmax(-1) == self.sample.labels).float().mean().item()
 
@@ -217,7 +217,8 @@ class Study:
         """The result stored under key, computed (once) on first use, its tensors on the CPU."""
         with self._lock:
             if key not in self._cache:
-                self._cache[key] = on_cpu(compute())
+                with full_fp32():
+                    self._cache[key] = on_cpu(compute())
                 self.computed.append(key)
             return self._cache[key]
 
@@ -353,7 +354,9 @@ class Study:
 
     def attribute(self, images: torch.Tensor, method: str, target: int | None = None) -> Attribution:
         """A method's attribution of a class (default: the predicted one), with the study's method settings."""
-        return on_cpu(attributions.attribute(self.model, images, method, target, **self.defaults.settings(method)))
+        with full_fp32():
+            found = attributions.attribute(self.model, images, method, target, **self.defaults.settings(method))
+        return on_cpu(found)
 
     def attribution(self, image: int | slice, method: str, target: int | None = None) -> Attribution:
         """A method's attribution for sample image(s), cached."""
@@ -364,7 +367,8 @@ class Study:
 
     def faithfulness_of(self, images: torch.Tensor, found: Attribution) -> FaithfulnessCurves:
         """Deletion/insertion curves of an attribution over its images' patches (blurred replacement)."""
-        return on_cpu(attributions.deletion_insertion(self.model, images, found, target=found.target))
+        with full_fp32():
+            return on_cpu(attributions.deletion_insertion(self.model, images, found, target=found.target))
 
     def faithfulness(self, image: int | slice, method: str, target: int | None = None) -> FaithfulnessCurves:
         """Deletion/insertion curves of a sample attribution, cached."""

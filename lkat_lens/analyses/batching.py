@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
 
 import torch
 from torch import nn
@@ -22,3 +23,15 @@ def on_model(model: nn.Module, images: torch.Tensor) -> torch.Tensor:
     """The images on the model's device, in its floating dtype."""
     param = next(model.parameters())
     return images.to(param.device, param.dtype)
+
+
+@contextmanager
+def full_fp32() -> Iterator[None]:
+    """fp32 matrix multiplies (no TF32, which a training run in the same process may have switched on) for the
+    duration of a with-block: TF32's 10-bit mantissa moves reported numbers by more than 1e-3."""
+    matmul, cudnn = torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32
+    torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = False
+    try:
+        yield
+    finally:
+        torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = matmul, cudnn
