@@ -45,7 +45,13 @@ GATED_NOTE = (
 EdgeList = Sequence[tuple[int, int]] | torch.Tensor  # (q, p) pairs
 CURVE_MARGIN = 2.0  # the x-grid covers the RBF grid plus this many bandwidths either side
 DEFAULT_BINS = 64
-_CHUNK_ELEMENTS = 1 << 20  # float64 elements per streamed chunk (8 MiB: blocks the allocator reuses)
+_CHUNK_ELEMENTS = 1 << 20  # float64 elements per streamed chunk (8 MiB: blocks the allocator reuses) on the CPU ...
+_CUDA_CHUNK_ELEMENTS = 1 << 24  # ... and on a GPU (128 MiB: a few large kernels, not thousands of launches)
+
+
+def _chunk_elements(device: torch.device) -> int:
+    """float64 elements per streamed chunk on `device`."""
+    return _CUDA_CHUNK_ELEMENTS if device.type == "cuda" else _CHUNK_ELEMENTS
 
 
 # ---------------------------------------------------------------------------------------------- curves
@@ -307,7 +313,7 @@ class LayerMoments:
         layer = self.layer
         x_in = x_in.detach().reshape(-1, layer.in_features)
         raw = None if x_raw is None else x_raw.detach().reshape(-1, layer.in_features)
-        rows = max(1, _CHUNK_ELEMENTS // (layer.in_features * (layer.rbf.num_grids + 1)))
+        rows = max(1, _chunk_elements(x_in.device) // (layer.in_features * (layer.rbf.num_grids + 1)))
         for start in range(0, x_in.shape[0], rows):
             chunk = x_in[start : start + rows].double()
             raw_chunk = None if raw is None else raw[start : start + rows]
@@ -462,7 +468,7 @@ def _coefficients(layer: KANLayer, rows: slice) -> torch.Tensor:
 def _edge_variances(layer: KANLayer, reduced: torch.Tensor, k_spline: int) -> tuple[torch.Tensor, ...]:
     """Variances [out, in] of the total, spline and base edge functions (base None without a base branch)."""
     k = reduced.shape[-1]
-    rows = max(1, _CHUNK_ELEMENTS // (layer.in_features * k))
+    rows = max(1, _chunk_elements(reduced.device) // (layer.in_features * k))
     total, spline, base = [], [], []
     for start in range(0, layer.out_features, rows):
         c = _coefficients(layer, slice(start, start + rows)).to(reduced.device)
