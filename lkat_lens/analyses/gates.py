@@ -107,15 +107,26 @@ class GateStats:
         }
 
 
-def _histogram(alpha: torch.Tensor, bins: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """Bin edges over the range of alpha [L, H, n] and counts [L, H, bins] (last bin closed)."""
-    lo, hi = alpha.min().item(), alpha.max().item()
+def _distribution(
+    log_gates: torch.Tensor, levels: torch.Tensor, bins: int
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Nearest-rank quantiles of the log gates [L, B, T, H, dk] per key channel [L, H, dk, Q] and per head [L, H, Q],
+    and an alpha histogram over their whole range: edges [bins + 1], counts [L, H, bins] (last bin closed). One
+    block at a time in float64, so the sorts need one block's memory."""
+    lo, hi = float(log_gates.min().double().exp()), float(log_gates.max().double().exp())
     if lo == hi:
         lo, hi = lo - 0.5, hi + 0.5
-    edges = torch.linspace(lo, hi, bins + 1, dtype=torch.float64, device=alpha.device)
-    index = torch.bucketize(alpha, edges[1:-1], right=True)
-    counts = torch.zeros(*alpha.shape[:-1], bins, dtype=torch.long, device=alpha.device)
-    return edges, counts.scatter_add_(-1, index, torch.ones_like(index))
+    edges = torch.linspace(lo, hi, bins + 1, dtype=torch.float64, device=log_gates.device)
+    channel_q, head_q, counts = [], [], []
+    for block in log_gates:
+        per_channel = block.double().permute(2, 3, 0, 1).flatten(2)  # [H, dk, B*T]
+        channel_q.append(nearest_rank_quantiles(per_channel, levels))
+        head_q.append(nearest_rank_quantiles(per_channel.flatten(1), levels))
+        alpha = per_channel.flatten(1).exp()
+        index = torch.bucketize(alpha, edges[1:-1], right=True)
+        zeros = torch.zeros(alpha.shape[0], bins, dtype=torch.long, device=alpha.device)
+        counts.append(zeros.scatter_add_(-1, index, torch.ones_like(index)))
+    return torch.stack(channel_q), torch.stack(head_q), edges, torch.stack(counts)
 
 
 QUANTILE_IMAGES = 256  # the gate quantiles and histogram are taken over at most this many (the first) images
@@ -145,17 +156,17 @@ def gate_statistics(
     kept, kept_images = [], 0
     for batch in batches(images, batch_size):
         _, cache = model.run_with_cache(on_model(model, batch), names=names)
-        gk = torch.stack([cache[n] for n in names]).double()  # [L, B, T, H, dk]
+        gk32 = torch.stack([cache[n] for n in names])  # [L, B, T, H, dk], the model's float32 log gates
+        gk = gk32.double()
         images_seen, tokens = images_seen + gk.shape[1], tokens + gk.shape[1] * gk.shape[2]
         sums = sums + gk.sum((1, 2))
         by_type = {name: by_type[name] + gk[:, :, s].sum((1, 2)) for name, s in groups.items()}
         patch_sums = patch_sums + gk[:, :, layout["patches"]].sum((1, 4))  # [L, N, H]
         if kept_images < quantile_images:
-            kept.append(gk[:, : quantile_images - kept_images])
+            kept.append(gk32[:, : quantile_images - kept_images])  # float32: half the memory, the same values
             kept_images += kept[-1].shape[1]
-    per_channel = torch.cat(kept, dim=1).permute(0, 3, 4, 1, 2).flatten(3)  # [L, H, dk, B*T]
     levels = torch.tensor(quantiles, dtype=torch.float64)
-    edges, counts = _histogram(per_channel.flatten(2).exp(), bins)
+    channel_quantiles, head_quantiles, edges, counts = _distribution(torch.cat(kept, dim=1), levels, bins)
     channels = kept[0].shape[-1]
     return GateStats(
         blocks=blocks,
@@ -163,8 +174,8 @@ def gate_statistics(
         grid_size=grid,
         log_alpha=sums / tokens,
         quantile_levels=levels,
-        log_alpha_quantiles=nearest_rank_quantiles(per_channel, levels),
-        head_log_alpha_quantiles=nearest_rank_quantiles(per_channel.flatten(2), levels),
+        log_alpha_quantiles=channel_quantiles,
+        head_log_alpha_quantiles=head_quantiles,
         hist_edges=edges,
         hist_counts=counts,
         log_alpha_by_type={name: by_type[name] / (images_seen * (s.stop - s.start)) for name, s in groups.items()},

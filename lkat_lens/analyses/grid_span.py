@@ -29,7 +29,7 @@ def is_sliver(share: float) -> bool:
     return share < SLIVER
 
 
-SPAN_IMAGES = 256  # the quantiles are taken over at most this many (the first) images
+SPAN_IMAGES = 64  # the quantiles are taken over at most this many (the first) images (64 x tokens per channel)
 
 
 @torch.no_grad()
