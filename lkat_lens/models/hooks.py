@@ -35,11 +35,24 @@ class HookPoint(nn.Module):
         return self.name
 
 
-class ActivationCache(Mapping):
-    """Cached activations, indexed by full hook name or by (short name, block index)."""
+# TransformerLens activation names that are spelled differently here (its get_act_name), -> our hook suffix
+TL_ALIASES = {
+    "attn_out": "attn.hook_out",
+    "mlp_in": "mlp.fc1.hook_in",
+    "mlp_out": "mlp.fc2.hook_out",
+    "gate": "attn.hook_gk",
+}
+GRAD = "_grad"  # a gradient's key: its activation's name + GRAD (TransformerLens's convention)
 
-    def __init__(self, store: dict[str, torch.Tensor]) -> None:
+
+class ActivationCache(Mapping):
+    """Cached activations (and gradients, under "<name>_grad"), TransformerLens style: by full hook name, by
+    (short name, block) such as ("resid_post", 3), ("hook_q", 0), ("fc1.hook_out", 2) or ("resid_post_grad", 3),
+    a negative block counting from the last."""
+
+    def __init__(self, store: dict[str, torch.Tensor], has_batch_dim: bool = True) -> None:
         self._store = store
+        self.has_batch_dim = has_batch_dim
 
     def __getitem__(self, key: str | tuple[str, int]) -> torch.Tensor:
         return self._store[self.resolve(key)]
@@ -50,18 +63,58 @@ class ActivationCache(Mapping):
     def __len__(self) -> int:
         return len(self._store)
 
+    def __repr__(self) -> str:
+        return f"ActivationCache with keys {list(self._store)}"
+
+    @property
+    def num_blocks(self) -> int:
+        """1 + the highest block index among the cached names (0 when no block is cached)."""
+        return 1 + max((b for b in map(block_index, self._store) if b is not None), default=-1)
+
     def resolve(self, key: str | tuple[str, int]) -> str:
-        """Return the full hook name for a key such as "blocks.0.attn.hook_q" or ("hook_q", 0)."""
+        """The full name for a key such as "blocks.0.attn.hook_q", ("q", 0), ("resid_post", -1), ("q_grad", 0)."""
         if isinstance(key, str):
             if key in self._store:
                 return key
             raise KeyError(f"no cached activation {key!r}; cached: {sorted(self._store)}")
         short, block = key
-        return resolve_short_name(self._store, short, block)
+        block = block + self.num_blocks if block < 0 else block
+        grad = short.endswith(GRAD)
+        short = TL_ALIASES.get(short.removesuffix(GRAD), short.removesuffix(GRAD))
+        names = [n.removesuffix(GRAD) for n in self._store if n.endswith(GRAD) == grad]
+        return resolve_short_name(names, short, block) + (GRAD if grad else "")
+
+    def stack_activation(self, name: str, layer: int = -1) -> torch.Tensor:
+        """The activation `name` of blocks 0 .. layer-1 (all blocks for layer=-1) stacked: [blocks, ...]."""
+        count = self.num_blocks if layer == -1 else layer
+        return torch.stack([self[name, block] for block in range(count)])
+
+    def accumulated_resid(self, layer: int | None = None, incl_mid: bool = False) -> torch.Tensor:
+        """The residual stream before each of the first `layer` blocks (all, then the last block's output, when
+        None), with each block's mid-point too when `incl_mid`: [points, ...]."""
+        count = self.num_blocks if layer is None else layer
+        points = []
+        for block in range(count):
+            points.append(self["resid_pre", block])
+            if incl_mid:
+                points.append(self["resid_mid", block])
+        if layer is None:
+            points.append(self["resid_post", count - 1])
+        return torch.stack(points)
+
+    def remove_batch_dim(self) -> ActivationCache:
+        """Drop the batch dimension of every tensor (a cache of one input only); returns the cache itself."""
+        if self.has_batch_dim:
+            sizes = {name: t.shape[0] for name, t in self._store.items() if t.shape[0] != 1}
+            if sizes:
+                raise ValueError(f"remove_batch_dim needs a batch of one; {next(iter(sizes))!r} has {sizes}")
+            self._store = {name: t[0] for name, t in self._store.items()}
+            self.has_batch_dim = False
+        return self
 
     def to(self, device: torch.device | str) -> ActivationCache:
         """Return a copy with every tensor on `device`."""
-        return ActivationCache({k: v.to(device) for k, v in self._store.items()})
+        return ActivationCache({k: v.to(device) for k, v in self._store.items()}, self.has_batch_dim)
 
 
 def resolve_short_name(names: Iterable[str], short: str, block: int) -> str:
@@ -143,27 +196,61 @@ class HookedModel(nn.Module):
     def run_with_cache(
         self,
         *args: Any,
-        names: NameFilter = None,
+        names_filter: NameFilter = None,
         device: torch.device | str | None = None,
+        incl_bwd: bool = False,
+        metric: Callable[[torch.Tensor], torch.Tensor] | None = None,
+        remove_batch_dim: bool = False,
         grad: bool = False,
+        names: NameFilter = None,
         **kwargs: Any,
     ) -> tuple[torch.Tensor, ActivationCache]:
-        """Run a forward pass and return (output, cache of the selected hook activations).
+        """Run a forward pass and return (output, ActivationCache of the hook points `names_filter` selects).
 
-        Tensors are detached and moved to `device` (the model stays where it is) unless
-        `grad=True`, which keeps them in the autograd graph and enables gradients.
+        Tensors are detached and moved to `device` (the model stays where it is). `incl_bwd=True` also runs the
+        backward pass of `metric(output)` (default: the output itself, which must then be a scalar) and caches each
+        selected hook's gradient as "<name>_grad". `grad=True` instead keeps the activations in the autograd graph
+        (for torch.autograd.grad of your own). `names` is `names_filter`'s older spelling.
         """
-        selected = self.select_hooks(names)
+        if names is not None and names_filter is not None:
+            raise TypeError("pass names_filter or names, not both")
+        chosen = set(self.select_hooks(names_filter if names_filter is not None else names))
         store: dict[str, torch.Tensor] = {}
 
         def save(tensor: torch.Tensor, hook: HookPoint) -> None:
             kept = tensor if grad else tensor.detach()
             store[hook.name] = kept.to(device) if device is not None else kept
 
-        chosen = set(selected)
-        with torch.set_grad_enabled(grad), self.hooks(fwd_hooks=[(chosen.__contains__, save)]):
+        def save_grad(tensor: torch.Tensor, hook: HookPoint) -> None:
+            store[hook.name + GRAD] = tensor.detach().to(device) if device is not None else tensor.detach()
+
+        backward = [(chosen.__contains__, save_grad)] if incl_bwd else []
+        with torch.set_grad_enabled(grad or incl_bwd), self.hooks([(chosen.__contains__, save)], backward):
             out = self(*args, **kwargs)
-        return out, ActivationCache({n: store[n] for n in selected if n in store})
+            if incl_bwd:
+                value = out if metric is None else metric(out)
+                if value.numel() != 1:
+                    raise ValueError(
+                        f"incl_bwd needs a scalar to differentiate; the output is {tuple(value.shape)}: "
+                        "pass metric=, e.g. lambda logits: logits[:, label].sum()"
+                    )
+                value.backward()
+        order = [n for n in self.hook_points() if n in chosen]
+        cache = ActivationCache({n + tag: store[n + tag] for tag in ("", GRAD) for n in order if n + tag in store})
+        return (out.detach() if incl_bwd else out), (cache.remove_batch_dim() if remove_batch_dim else cache)
+
+    def run_with_hooks(
+        self,
+        *args: Any,
+        fwd_hooks: Iterable[tuple[str | Callable[[str], bool], HookFn]] = (),
+        bwd_hooks: Iterable[tuple[str | Callable[[str], bool], HookFn]] = (),
+        **kwargs: Any,
+    ) -> Any:
+        """One forward pass with the hooks attached (TransformerLens's run_with_hooks): each fn(tensor, hook)
+        may return a replacement. Forward hooks are removed when it returns; backward hooks stay on the output's
+        graph, so they fire when you call .backward() on it."""
+        with self.hooks(fwd_hooks, bwd_hooks):
+            return self(*args, **kwargs)
 
 
 def _forward_adapter(fn: HookFn) -> Callable[..., Any]:
