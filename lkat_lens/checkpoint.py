@@ -277,7 +277,21 @@ def load(
             "pass the variant it was trained as (variant=... / --variant)"
         )
     model = build_and_load(info.model_name, info.model_kwargs, state_dict, strict=strict)
+    with_data_config(model, info.data)
     return model.to(device), info
+
+
+DATA_CONFIG_KEYS = ("mean", "std", "crop_pct", "interpolation")
+
+
+def with_data_config(model: nn.Module, data: dict[str, Any]) -> None:
+    """Set timm's pretrained_cfg of a loaded model to the eval transform its checkpoint records (normalisation,
+    crop, interpolation, input size), so that timm.data.resolve_data_config(model=m) reproduces it."""
+    cfg = dict(getattr(model, "pretrained_cfg", None) or {})
+    cfg |= {key: tuple(data[key]) if key in ("mean", "std") else data[key] for key in DATA_CONFIG_KEYS if key in data}
+    if "img_size" in data:
+        cfg["input_size"] = (3, int(data["img_size"]), int(data["img_size"]))
+    model.pretrained_cfg = model.default_cfg = cfg
 
 
 def _lkat_info(obj: dict[str, Any], path: str | os.PathLike) -> CheckpointInfo:

@@ -8,6 +8,7 @@ from contextlib import contextmanager
 from typing import Any
 
 import torch
+from timm.models._features import feature_take_indices
 from torch import nn
 
 HookFn = Callable[[torch.Tensor, "HookPoint"], torch.Tensor | None]
@@ -251,6 +252,44 @@ class HookedModel(nn.Module):
         graph, so they fire when you call .backward() on it."""
         with self.hooks(fwd_hooks, bwd_hooks):
             return self(*args, **kwargs)
+
+    def forward_intermediates(
+        self,
+        x: torch.Tensor,
+        indices: int | list[int] | None = None,
+        norm: bool = False,
+        output_fmt: str = "NCHW",
+        intermediates_only: bool = False,
+        return_prefix_tokens: bool = False,
+        stop_early: bool = False,
+    ) -> list[torch.Tensor] | tuple[torch.Tensor, list]:
+        """timm's forward_intermediates: the residual stream after the blocks `indices` (all; the last n for an
+        int; negative indices count from the end), read at their hook_resid_post, as patch maps [B, D, gh, gw]
+        (output_fmt "NCHW") or tokens [B, N, D] ("NLC"), through the final norm when `norm`. Returns the list, or
+        (final features, list); `return_prefix_tokens` pairs each with its non-patch tokens (registers, class
+        token). The whole forward always runs (`stop_early` is accepted for timm's signature)."""
+        if output_fmt not in ("NCHW", "NLC"):
+            raise ValueError(f"output_fmt must be 'NCHW' or 'NLC', got {output_fmt!r}")
+        take, _ = feature_take_indices(len(self.blocks), indices)
+        wanted = {f"blocks.{i}.hook_resid_post" for i in take}
+        found: dict[str, torch.Tensor] = {}
+
+        def keep(tensor: torch.Tensor, hook: HookPoint) -> None:
+            found[hook.name] = tensor
+
+        with self.hooks([(wanted.__contains__, keep)]):
+            final = self.forward_features(x)
+        layout, (gh, gw) = self.token_layout, self.patch_embed.grid_size
+        prefix = [i for i in range(final.shape[1]) if i not in range(*layout["patches"].indices(final.shape[1]))]
+        outputs: list = []
+        for i in take:
+            tokens = found[f"blocks.{i}.hook_resid_post"]
+            tokens = self.norm(tokens) if norm else tokens
+            patches = tokens[:, layout["patches"]]
+            if output_fmt == "NCHW":
+                patches = patches.reshape(patches.shape[0], gh, gw, -1).permute(0, 3, 1, 2)
+            outputs.append((patches, tokens[:, prefix]) if return_prefix_tokens else patches)
+        return outputs if intermediates_only else (final, outputs)
 
 
 def _forward_adapter(fn: HookFn) -> Callable[..., Any]:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from timm.data.constants import IMAGENET_DEFAULT_MEAN, IMAGENET_DEFAULT_STD
 from timm.models import register_model
 from torch import nn
 
@@ -32,7 +33,36 @@ def build_variant(name: str, pretrained: bool = False, **kwargs: Any) -> nn.Modu
     for key in _TIMM_ONLY_KWARGS:
         kwargs.pop(key, None)
     cls, defaults = _BUILDERS[name]
-    return cls(**{**defaults, **kwargs})
+    model = cls(**{**defaults, **kwargs})
+    model.pretrained_cfg = model.default_cfg = data_config(name, model)
+    return model
+
+
+# The eval-time data settings of each model (timm's pretrained_cfg): the digits normalisation for lkat_micro (its
+# default dataset), ImageNet's for the 224² variants (timm's convention for models trained from scratch).
+DIGITS_NORMALIZATION = (
+    (0.3053,) * 3,
+    (0.3759,) * 3,
+)  # lkat_lens.data.NORMALIZATION["digits"] (a test keeps them equal)
+
+
+def data_config(name: str, model: nn.Module) -> dict[str, Any]:
+    """timm's pretrained_cfg of a built model: input size, normalisation, crop, interpolation, classes, layer names
+    (so that timm.data.resolve_data_config(model=m) returns the model's own eval transform settings)."""
+    mean, std = DIGITS_NORMALIZATION if name == "lkat_micro" else (IMAGENET_DEFAULT_MEAN, IMAGENET_DEFAULT_STD)
+    height, width = model.patch_embed.img_size
+    return {
+        "architecture": name,
+        "input_size": (3, height, width),
+        "interpolation": "bicubic",
+        "crop_pct": 1.0 if name == "lkat_micro" else 0.875,
+        "crop_mode": "center",
+        "mean": tuple(mean),
+        "std": tuple(std),
+        "num_classes": model.num_classes,
+        "first_conv": "patch_embed.proj",
+        "classifier": "head",
+    }
 
 
 def register_variants(variants: dict[str, tuple[type[nn.Module], dict[str, Any]]]) -> None:
