@@ -64,32 +64,9 @@ def curve_grid(layer: KANLayer, num_points: int = 201, margin: float = CURVE_MAR
     return torch.linspace(rbf.grid_min - pad, rbf.grid_max + pad, num_points, dtype=torch.float64)
 
 
-def _basis(layer: KANLayer, x: torch.Tensor) -> torch.Tensor:
-    """phi_g(x) = exp(-((x - c_g) / h)^2) as [..., G] in float64."""
-    rbf = layer.rbf
-    inv_h = 1.0 / rbf.bandwidth
-    centers = torch.linspace(rbf.grid_min, rbf.grid_max, rbf.num_grids, dtype=torch.float64, device=x.device)
-    t = x.double().unsqueeze(-1) * inv_h - centers * inv_h
-    return t.square_().neg_().exp_()
-
-
-def _edge_weight(layer: KANLayer) -> torch.Tensor:
-    """The edge basis weight as [out, in, G] (a view)."""
-    return layer.spline_linear.weight.view(layer.out_features, layer.in_features, layer.rbf.num_grids)
-
-
 def _factor_coefficients(layer: KANLayer) -> torch.Tensor | None:
     """The grid weights of the factor curves, [1, G] (shared) or [in, G] (channel), float64; None for edge."""
-    return None if layer.basis == "edge" else layer.grid_weights.detach().double()
-
-
-def _spline_coefficients(layer: KANLayer, q: torch.Tensor, p: torch.Tensor) -> torch.Tensor:
-    """Coefficient vectors c_{qp} [E, G] (float64) of the spline part of the given edges."""
-    if layer.basis == "edge":
-        return _edge_weight(layer).detach()[q, p].double()
-    weights = _factor_coefficients(layer)
-    rows = weights.expand(layer.in_features, -1)[p]
-    return layer.dim_linear.weight.detach()[q, p].double().unsqueeze(-1) * rows
+    return None if layer.basis == "edge" else layer.spline_factors()[1]
 
 
 def _edge_index(layer: KANLayer, edges: EdgeList | None, max_edges: int) -> torch.Tensor:
@@ -120,12 +97,12 @@ class GatedBranch:
 
 def gated_branch(layer: KANLayer) -> GatedBranch | None:
     """Weight norms of the layer's gated residual (None when the layer has none)."""
-    if layer.gat_resid is None:
+    if layer.gate_weight is None:
         return None
-    weight = layer.gat_resid.weight.detach().double()
+    weight, bias = layer.gate_weight
     return GatedBranch(
         weight_norm=float(weight.norm()),
-        bias_norm=float(layer.gat_resid.bias.detach().double().norm()),
+        bias_norm=float(bias.norm()),
         row_norms=weight.norm(dim=1),
     )
 
@@ -164,17 +141,17 @@ def edge_curves(
     index = _edge_index(layer, edges, max_edges)
     x = curve_grid(layer, num_points) if x is None else x.detach().double().flatten().cpu()
     device = layer.rbf.grid.device
-    phi = _basis(layer, x.to(device))
+    phi = layer.basis_values(x.to(device))
     q, p = index[:, 0].to(device), index[:, 1].to(device)
-    values = _spline_coefficients(layer, q, p) @ phi.T
+    values = layer.spline_coefficients(q, p) @ phi.T
     factors = _factor_coefficients(layer)
-    scales = None if factors is None else layer.dim_linear.weight.detach()[q, p].double()
+    scales = None if factors is None else layer.spline_factors()[0][q, p]
     base_values = base_bias = None
     note = BASIS_NOTES[layer.basis]
-    if layer.base_linear is not None:
-        base_weight = layer.base_linear.weight.detach()[q, p].double()
-        base_values = base_weight.unsqueeze(-1) * F.silu(x.to(device))
-        base_bias = layer.base_linear.bias.detach()[q].double()
+    if layer.base_weight is not None:
+        base_weight, bias = layer.base_weight
+        base_values = base_weight[q, p].unsqueeze(-1) * F.silu(x.to(device))
+        base_bias = bias[q]
         note += "; " + BASE_NOTE
     gated = gated_branch(layer)
     if gated is not None:
@@ -296,7 +273,7 @@ class LayerMoments:
         self.features = StreamingMoments(outer=True)
         self.inputs = StreamingMoments(outer=False)
         self.outputs = StreamingMoments(outer=False)
-        self.gated = StreamingMoments(outer=False) if layer.gat_resid is not None else None
+        self.gated = StreamingMoments(outer=False) if layer.gate_weight is not None else None
         self.counts: torch.Tensor | None = None
         self.underflow = self.overflow = 0
         self.outside: torch.Tensor | None = None
@@ -304,7 +281,7 @@ class LayerMoments:
     @property
     def needs_raw(self) -> bool:
         """Whether update() needs the raw layer input (base branch or gated residual)."""
-        return self.layer.base_linear is not None or self.layer.gat_resid is not None
+        return self.layer.base_weight is not None or self.layer.gate_weight is not None
 
     def update(self, x_in: torch.Tensor, out: torch.Tensor, x_raw: torch.Tensor | None = None) -> None:
         """Add a batch: x_in = hook_in [..., in], out = hook_out [..., out], x_raw = the layer's input."""
@@ -321,15 +298,13 @@ class LayerMoments:
             self.inputs.update(chunk)
             self._count(chunk)
             if self.gated is not None:
-                with torch.no_grad():
-                    gamma = layer.gat_resid(raw_chunk.to(layer.gat_resid.weight.dtype)).double()
-                self.gated.update(gamma * torch.sigmoid(gamma))
+                self.gated.update(layer.gated_contribution(raw_chunk))
         self.outputs.update(out.detach().reshape(-1, layer.out_features))
 
     def _features(self, x: torch.Tensor, raw: torch.Tensor | None) -> torch.Tensor:
         """Feature vectors [in, n, F]: the basis b(x_p), then silu(x_raw_p) when there is a base branch."""
-        phi = _basis(self.layer, x.T)
-        if self.layer.base_linear is None:
+        phi = self.layer.basis_values(x.T)
+        if self.layer.base_weight is None:
             return phi
         return torch.cat([phi, F.silu(raw.T.double()).unsqueeze(-1)], dim=-1)
 
@@ -456,13 +431,10 @@ def _reduced_form(layer: KANLayer, stats: LayerStatistics) -> tuple[torch.Tensor
 
 def _coefficients(layer: KANLayer, rows: slice) -> torch.Tensor:
     """Edge coefficients [r, in, k] (float64) of output rows `rows` in the coordinates of _reduced_form."""
-    if layer.basis == "edge":
-        spline = _edge_weight(layer).detach()[rows].double()
-    else:
-        spline = layer.dim_linear.weight.detach()[rows].double().unsqueeze(-1)
-    if layer.base_linear is None:
+    spline = layer.spline_coefficients(rows) if layer.basis == "edge" else layer.spline_factors()[0][rows].unsqueeze(-1)
+    if layer.base_weight is None:
         return spline
-    return torch.cat([spline, layer.base_linear.weight.detach()[rows].double().unsqueeze(-1)], dim=-1)
+    return torch.cat([spline, layer.base_weight[0][rows].unsqueeze(-1)], dim=-1)
 
 
 def _edge_variances(layer: KANLayer, reduced: torch.Tensor, k_spline: int) -> tuple[torch.Tensor, ...]:
@@ -644,11 +616,11 @@ def _shape_gram(coefficients: Iterable[torch.Tensor], q_form: torch.Tensor) -> t
 
 def shape_diversity(layer: KANLayer, num_points: int = 201) -> ShapeDiversity:
     """Shape diversity of the layer's spline edge curves on the default x-grid."""
-    phi = _basis(layer, curve_grid(layer, num_points).to(layer.rbf.grid.device))
+    phi = layer.basis_values(curve_grid(layer, num_points).to(layer.rbf.grid.device))
     centred = phi - phi.mean(0)
     if layer.basis == "edge":
-        flat_weight = _edge_weight(layer).detach().reshape(-1, layer.rbf.num_grids)
-        chunks = (c.double() for c in flat_weight.split(_CHUNK_ELEMENTS // layer.rbf.num_grids))
+        flat_weight = layer.spline_coefficients(slice(None)).reshape(-1, layer.rbf.num_grids)
+        chunks = iter(flat_weight.split(_CHUNK_ELEMENTS // layer.rbf.num_grids))
     else:
         chunks = iter([_factor_coefficients(layer)])
     q_form = centred.T @ centred
@@ -751,7 +723,7 @@ def summarize_layer(layer: KANLayer, stats: LayerStatistics, top_k: int = 10) ->
     base = gated = None
     note = BASIS_NOTES[layer.basis]
     if imp.base_std is not None:
-        base = {"weight_norm": float(layer.base_linear.weight.detach().double().norm())}
+        base = {"weight_norm": float(layer.base_weight[0].norm())}
         base |= {"importance": _distribution(imp.base_std), "note": BASE_NOTE}
     branch = gated_branch(layer)
     if branch is not None:

@@ -106,6 +106,50 @@ class KANLayer(nn.Module):
         """The per-curve grid weights: [1, G] (shared) or [in, G] (channel)."""
         return self.grid_linear.weight if self.basis == "shared" else self.grid_weight
 
+    # ------------------------------------------------------------------ what analyses read (docs/architecture.md)
+
+    def basis_values(self, x: torch.Tensor) -> torch.Tensor:
+        """The Gaussian basis phi_g(x) [..., G] in float64, from the kernels' one definition (kernels.rbf)."""
+        return rbf_basis(x.double(), self.rbf.grid_min, self.rbf.grid_max, self.rbf.num_grids)
+
+    def spline_coefficients(self, q: torch.Tensor | slice, p: torch.Tensor | slice | None = None) -> torch.Tensor:
+        """Basis coefficients c_{q,p,g} (float64, detached) of the spline part phi_{q,p}(x) = sum_g c_{q,p,g}
+        phi_g(x): of the edges (q[i], p[i]) as [E, G], or of the output rows `q` (a slice) as [r, in, G]."""
+        if self.basis == "edge":
+            weight = self.spline_linear.weight.detach().view(self.out_features, self.in_features, -1)
+            return (weight[q] if p is None else weight[q, p]).double()
+        scale, curves = self.spline_factors()
+        if p is None:
+            return scale[q].unsqueeze(-1) * curves.expand(self.in_features, -1)
+        return scale[q, p].unsqueeze(-1) * curves.expand(self.in_features, -1)[p]
+
+    def spline_factors(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """The factorised spline (shared/channel bases): edge scales W [out, in] and curve weights [1 or in, G],
+        float64 and detached, so that c_{q,p,g} = W[q,p] w_{p,g}. The edge basis has no such form."""
+        if self.basis == "edge":
+            raise ValueError("the edge basis is not factorised: read spline_coefficients()")
+        return self.dim_linear.weight.detach().double(), self.grid_weights.detach().double()
+
+    @property
+    def base_weight(self) -> tuple[torch.Tensor, torch.Tensor] | None:
+        """The SiLU base branch's (weight [out, in], bias [out]), float64 and detached; None without one."""
+        if self.base_linear is None:
+            return None
+        return self.base_linear.weight.detach().double(), self.base_linear.bias.detach().double()
+
+    @property
+    def gate_weight(self) -> tuple[torch.Tensor, torch.Tensor] | None:
+        """The gated residual's (weight [out, in], bias [out]), float64 and detached; None without one."""
+        if self.gat_resid is None:
+            return None
+        return self.gat_resid.weight.detach().double(), self.gat_resid.bias.detach().double()
+
+    def gated_contribution(self, x: torch.Tensor) -> torch.Tensor:
+        """The gated residual's term gamma sigmoid(gamma), gamma = W x + b, of the raw layer input x (float64)."""
+        with torch.no_grad():
+            gamma = self.gat_resid(x.to(self.gat_resid.weight.dtype)).double()
+        return gamma * torch.sigmoid(gamma)
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         x_in = self.hook_in(self.layernorm(x) if self.layernorm is not None else x)
         grid = (self.rbf.grid_min, self.rbf.grid_max)
