@@ -27,6 +27,8 @@ def fill_pane(figure: go.Figure) -> go.Figure:
     """The figure as wide as its pane (the builders' fixed widths are for PNG files), so the page stays readable
     side by side at any window width; its height stays the builder's. Changes the figure itself (cheap, and the
     same for every call, so cached figures can go through it again)."""
+    if figure.layout.width is None and figure.layout.autosize:  # a cached figure that went through already
+        return figure
     return figure.update_layout(width=None, autosize=True)
 
 

@@ -114,8 +114,7 @@ def chosen_edge(ckpt: CheckpointState, block: int, layer: str, edge: dict[str, A
         q, p = int(edge["q"]), int(edge["p"])
         if q < importance.edge_std.shape[0] and p < importance.edge_std.shape[1]:
             return q, p
-    q, p, _ = importance.top_edges(1)[0]
-    return q, p
+    return ckpt.cached(("top_edge", block, layer), lambda: tuple(importance.top_edges(1)[0][:2]))
 
 
 def edge_detail(ckpt: CheckpointState, block: int, layer: str, edge: dict[str, Any] | None) -> go.Figure:
@@ -124,11 +123,14 @@ def edge_detail(ckpt: CheckpointState, block: int, layer: str, edge: dict[str, A
     if reason:
         return message_figure(reason)
     q, p = chosen_edge(ckpt, block, layer, edge)
-    curves, fit = ckpt.edge_fit(block, layer, (q, p))
-    stats = ckpt.layer_statistics()[ckpt.block_layers(block)[layer]]
-    best = fit.best
-    title = f"block {block} {layer} φ[{q},{p}] ≈ {best.formula()}  (R² {best.r2:.4f})"
-    return figures.edge_fit_figure(curves, fit, stats.coverage, title=title)
+
+    def build() -> go.Figure:
+        curves, fit = ckpt.edge_fit(block, layer, (q, p))
+        stats = ckpt.layer_statistics()[ckpt.block_layers(block)[layer]]
+        title = f"block {block} {layer} φ[{q},{p}] ≈ {fit.best.formula()}  (R² {fit.best.r2:.4f})"
+        return figures.edge_fit_figure(curves, fit, stats.coverage, title=title)
+
+    return ckpt.cached(("edge_detail", block, layer, q, p), build)
 
 
 def register(app: dash.Dash, state: ExplorerState) -> None:

@@ -82,14 +82,17 @@ def attention_figures(ckpt: CheckpointState, block: int, image: int, head: int, 
             title=f"block {block} head {head}: CLS {kind}",
         ),
     )
-    row = figures.patch_map_figure(
-        ckpt.patch_attention(block, image, patch)[head],
-        ckpt.shown[image],
-        patch_size=ckpt.patch_size,
-        selected=patch,
-        signed=True,
-        colorbar="weight",
-        title=f"block {block} head {head}: what patch {patch} reads ({kind} row)",
+    row = ckpt.cached(
+        ("patch_row_figure", block, image, head, patch),
+        lambda: figures.patch_map_figure(
+            ckpt.patch_attention(block, image, patch)[head],
+            ckpt.shown[image],
+            patch_size=ckpt.patch_size,
+            selected=patch,
+            signed=True,
+            colorbar="weight",
+            title=f"block {block} head {head}: what patch {patch} reads ({kind} row)",
+        ),
     )
     return [cls, row]
 

@@ -39,8 +39,13 @@ def token_figures(ckpt: CheckpointState, block: int, image: int, patch: int | No
     reason = block_message(ckpt, block)
     if reason:
         return [message_figure(reason)] * 2
-    norms = ckpt.token_norms()
     patch = patch_or_centre(ckpt, patch)
+    return ckpt.cached(("token_figures", block, image, patch), lambda: build_token_figures(ckpt, block, image, patch))
+
+
+def build_token_figures(ckpt: CheckpointState, block: int, image: int, patch: int) -> list[go.Figure]:
+    """Norms across depth (with the patch) and the patch norms after the block, outliers marked."""
+    norms = ckpt.token_norms()
     depth = block + 1
     across = figures.token_norm_figure(norms, patch=(image, patch), depth=depth)
     outliers = figures.patch_map_figure(
