@@ -59,9 +59,8 @@ def _chunk_elements(device: torch.device) -> int:
 
 def curve_grid(layer: KANLayer, num_points: int = 201, margin: float = CURVE_MARGIN) -> torch.Tensor:
     """The x-grid [num_points] (float64) over [grid_min - margin h, grid_max + margin h]."""
-    rbf = layer.rbf
-    pad = margin * rbf.bandwidth
-    return torch.linspace(rbf.grid_min - pad, rbf.grid_max + pad, num_points, dtype=torch.float64)
+    pad = margin * layer.bandwidth
+    return torch.linspace(layer.grid_min - pad, layer.grid_max + pad, num_points, dtype=torch.float64)
 
 
 def _factor_coefficients(layer: KANLayer) -> torch.Tensor | None:
@@ -140,7 +139,7 @@ def edge_curves(
     """Evaluate phi_{q,p}(x) for the given edges (default: all, for layers up to max_edges edges)."""
     index = _edge_index(layer, edges, max_edges)
     x = curve_grid(layer, num_points) if x is None else x.detach().double().flatten().cpu()
-    device = layer.rbf.grid.device
+    device = layer.centers.device
     phi = layer.basis_values(x.to(device))
     q, p = index[:, 0].to(device), index[:, 1].to(device)
     values = layer.spline_coefficients(q, p) @ phi.T
@@ -166,8 +165,8 @@ def edge_curves(
         base_values=None if base_values is None else base_values.cpu(),
         base_bias=None if base_bias is None else base_bias.cpu(),
         gated=gated,
-        centers=layer.rbf.grid.detach().double().cpu(),
-        bandwidth=layer.rbf.bandwidth,
+        centers=layer.centers.double().cpu(),
+        bandwidth=layer.bandwidth,
         note=note,
     )
 
@@ -181,7 +180,7 @@ def fit_edge(
 ) -> SymbolicFitResult:
     """Symbolic fit of one spline edge function, by default on 201 points of [grid_min, grid_max]."""
     if x is None:
-        x = torch.linspace(layer.rbf.grid_min, layer.rbf.grid_max, 201, dtype=torch.float64)
+        x = torch.linspace(layer.grid_min, layer.grid_max, 201, dtype=torch.float64)
     curves = edge_curves(layer, [edge], x=x)
     return fit_symbolic(curves.x, curves.values[0], library, **search)
 
@@ -265,10 +264,9 @@ class LayerMoments:
 
     def __init__(self, layer: KANLayer, name: str = "", *, bins: int = DEFAULT_BINS, margin: float = CURVE_MARGIN):
         self.layer, self.name = layer, name
-        rbf = layer.rbf
-        h = rbf.bandwidth
-        self.range = (rbf.grid_min - margin * h, rbf.grid_max + margin * h)
-        self.support = (rbf.grid_min - h, rbf.grid_max + h)
+        h = layer.bandwidth
+        self.range = (layer.grid_min - margin * h, layer.grid_max + margin * h)
+        self.support = (layer.grid_min - h, layer.grid_max + h)
         self.bins = bins
         self.features = StreamingMoments(outer=True)
         self.inputs = StreamingMoments(outer=False)
@@ -290,7 +288,7 @@ class LayerMoments:
         layer = self.layer
         x_in = x_in.detach().reshape(-1, layer.in_features)
         raw = None if x_raw is None else x_raw.detach().reshape(-1, layer.in_features)
-        rows = max(1, _chunk_elements(x_in.device) // (layer.in_features * (layer.rbf.num_grids + 1)))
+        rows = max(1, _chunk_elements(x_in.device) // (layer.in_features * (layer.num_grids + 1)))
         for start in range(0, x_in.shape[0], rows):
             chunk = x_in[start : start + rows].double()
             raw_chunk = None if raw is None else raw[start : start + rows]
@@ -419,12 +417,12 @@ def _reduced_form(layer: KANLayer, stats: LayerStatistics) -> tuple[torch.Tensor
     """
     cov = stats.feature_cov
     if layer.basis == "edge":
-        return cov, layer.rbf.num_grids
+        return cov, layer.num_grids
     n_in, n_feat = cov.shape[0], cov.shape[-1]
     weights = _factor_coefficients(layer).to(cov.device).expand(n_in, -1)
-    projection = torch.zeros(n_in, n_feat, n_feat - layer.rbf.num_grids + 1, dtype=cov.dtype, device=cov.device)
-    projection[:, : layer.rbf.num_grids, 0] = weights
-    if n_feat > layer.rbf.num_grids:
+    projection = torch.zeros(n_in, n_feat, n_feat - layer.num_grids + 1, dtype=cov.dtype, device=cov.device)
+    projection[:, : layer.num_grids, 0] = weights
+    if n_feat > layer.num_grids:
         projection[:, -1, 1] = 1.0
     return projection.transpose(1, 2) @ cov @ projection, 1
 
@@ -616,11 +614,11 @@ def _shape_gram(coefficients: Iterable[torch.Tensor], q_form: torch.Tensor) -> t
 
 def shape_diversity(layer: KANLayer, num_points: int = 201) -> ShapeDiversity:
     """Shape diversity of the layer's spline edge curves on the default x-grid."""
-    phi = layer.basis_values(curve_grid(layer, num_points).to(layer.rbf.grid.device))
+    phi = layer.basis_values(curve_grid(layer, num_points).to(layer.centers.device))
     centred = phi - phi.mean(0)
     if layer.basis == "edge":
-        flat_weight = layer.spline_coefficients(slice(None)).reshape(-1, layer.rbf.num_grids)
-        chunks = iter(flat_weight.split(_CHUNK_ELEMENTS // layer.rbf.num_grids))
+        flat_weight = layer.spline_coefficients(slice(None)).reshape(-1, layer.num_grids)
+        chunks = iter(flat_weight.split(_CHUNK_ELEMENTS // layer.num_grids))
     else:
         chunks = iter([_factor_coefficients(layer)])
     q_form = centred.T @ centred
@@ -731,15 +729,14 @@ def summarize_layer(layer: KANLayer, stats: LayerStatistics, top_k: int = 10) ->
         gated = {"weight_norm": branch.weight_norm, "bias_norm": branch.bias_norm}
         gated |= {"contribution_std_mean": float(stats.gated_std.mean()), "std_ratio_mean": float(ratio.mean())}
         gated |= {"note": GATED_NOTE}
-    rbf = layer.rbf
     summary = LayerSummary(
         name=stats.name,
         basis=layer.basis,
         in_features=layer.in_features,
         out_features=layer.out_features,
-        num_grids=rbf.num_grids,
-        grid=(rbf.grid_min, rbf.grid_max),
-        bandwidth=rbf.bandwidth,
+        num_grids=layer.num_grids,
+        grid=(layer.grid_min, layer.grid_max),
+        bandwidth=layer.bandwidth,
         samples=stats.count,
         importance=_distribution(imp.edge_std),
         top_edges=imp.top_edges(top_k),

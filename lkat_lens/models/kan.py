@@ -59,6 +59,10 @@ class KANLayer(nn.Module):
     kernel_backend: "auto" (CUDA: the fastest correct path per layer shape, measured once; elsewhere torch),
     "torch", "triton" (elementwise RBF kernel + cuBLAS; the edge basis has only the fused kernels) or
     "fused" (the basis evaluated inside the matmul kernels, only x saved for backward).
+
+    What analyses read (nothing else of a layer; docs/architecture.md): in_features, out_features, basis, the hook
+    points hook_in/hook_out, the grid (grid_min, grid_max, num_grids, bandwidth, centers), basis_values,
+    spline_coefficients, spline_factors, base_weight, gate_weight, edge_input, gated_contribution, branch_outputs.
     """
 
     SELF_INITIALISED = ("grid_linear", "dim_linear", "spline_linear", "base_linear")
@@ -108,9 +112,34 @@ class KANLayer(nn.Module):
 
     # ------------------------------------------------------------------ what analyses read (docs/architecture.md)
 
+    @property
+    def grid_min(self) -> float:
+        """The first grid center."""
+        return self.rbf.grid_min
+
+    @property
+    def grid_max(self) -> float:
+        """The last grid center."""
+        return self.rbf.grid_max
+
+    @property
+    def num_grids(self) -> int:
+        """G, the number of Gaussians."""
+        return self.rbf.num_grids
+
+    @property
+    def bandwidth(self) -> float:
+        """h = (grid_max - grid_min) / (G - 1), the grid spacing and every Gaussian's width."""
+        return self.rbf.bandwidth
+
+    @property
+    def centers(self) -> torch.Tensor:
+        """The grid centers c_g [G] (detached; on the layer's device, in its dtype)."""
+        return self.rbf.grid.detach()
+
     def basis_values(self, x: torch.Tensor) -> torch.Tensor:
         """The Gaussian basis phi_g(x) [..., G] in float64, from the kernels' one definition (kernels.rbf)."""
-        return rbf_basis(x.double(), self.rbf.grid_min, self.rbf.grid_max, self.rbf.num_grids)
+        return rbf_basis(x.double(), self.grid_min, self.grid_max, self.num_grids)
 
     def spline_coefficients(self, q: torch.Tensor | slice, p: torch.Tensor | slice | None = None) -> torch.Tensor:
         """Basis coefficients c_{q,p,g} (float64, detached) of the spline part phi_{q,p}(x) = sum_g c_{q,p,g}
@@ -144,17 +173,36 @@ class KANLayer(nn.Module):
             return None
         return self.gat_resid.weight.detach().double(), self.gat_resid.bias.detach().double()
 
+    def edge_input(self, x: torch.Tensor) -> torch.Tensor:
+        """What the edge functions read of the raw layer input x: x after the optional LayerNorm (hook_in's value),
+        detached."""
+        with torch.no_grad():
+            return self.layernorm(x) if self.layernorm is not None else x.detach()
+
     def gated_contribution(self, x: torch.Tensor) -> torch.Tensor:
         """The gated residual's term gamma sigmoid(gamma), gamma = W x + b, of the raw layer input x (float64)."""
         with torch.no_grad():
             gamma = self.gat_resid(x.to(self.gat_resid.weight.dtype)).double()
         return gamma * torch.sigmoid(gamma)
 
+    def branch_outputs(self, x: torch.Tensor) -> dict[str, torch.Tensor]:
+        """The layer output [..., out] of raw input x split by branch, float64 and detached: "spline" (sum_p
+        phi_{q,p}(x_p) on edge_input(x)), then "base" (W_b silu(x) + b) and "gated" when the layer has them. They
+        sum to forward(x) up to rounding."""
+        phi = self.basis_values(self.edge_input(x))
+        coefficients = self.spline_coefficients(slice(None))
+        out = {"spline": phi.flatten(-2) @ coefficients.flatten(1).T}
+        if self.base_weight is not None:
+            out["base"] = F.linear(F.silu(x.detach().double()), *self.base_weight)
+        if self.gate_weight is not None:
+            out["gated"] = self.gated_contribution(x)
+        return out
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         x_in = self.hook_in(self.layernorm(x) if self.layernorm is not None else x)
-        grid = (self.rbf.grid_min, self.rbf.grid_max)
+        grid = (self.grid_min, self.grid_max)
         if self.basis == "edge":
-            y = edge_kan_linear(x_in, self.spline_linear.weight, *grid, self.rbf.num_grids, backend=self.kernel_backend)
+            y = edge_kan_linear(x_in, self.spline_linear.weight, *grid, self.num_grids, backend=self.kernel_backend)
         else:
             y = kan_linear(x_in, self.grid_weights, self.dim_linear.weight, *grid, backend=self.kernel_backend)
         if self.base_linear is not None:
