@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import torch
 from timm.layers import DropPath, PatchEmbed, RmsNorm, trunc_normal_
+from timm.models._features import feature_take_indices
 from torch import nn
 
 from .attention import VisionGLA, VisionMHSA
@@ -60,7 +61,26 @@ class KANBlock(nn.Module):
         return self.hook_resid_post(x + self.drop_path(self.mlp(self.norm2(x))))
 
 
-class LKAT(HookedModel):
+class TimmFeatures:
+    """timm's feature-extraction protocol for a flat ViT with `blocks`, `norm` and a head: `feature_info` (set in
+    __init__) and prune_intermediate_layers; forward_intermediates is HookedModel's. With both,
+    timm.create_model(name, features_only=True) gives timm's FeatureGetterNet."""
+
+    def prune_intermediate_layers(
+        self, indices: int | list[int] = 1, prune_norm: bool = False, prune_head: bool = True
+    ) -> list[int]:
+        """timm's: drop the blocks after the last of `indices` (the last n for an int), and the final norm and head
+        when asked; returns the kept indices."""
+        take, max_index = feature_take_indices(len(self.blocks), indices)
+        self.blocks = self.blocks[: max_index + 1]
+        if prune_norm:
+            self.norm = nn.Identity()
+        if prune_head:
+            self.reset_classifier(0)
+        return take
+
+
+class LKAT(TimmFeatures, HookedModel):
     """Linear Kolmogorov-Arnold Transformer. Tokens: [patches (N), registers (R), class token (if any)]."""
 
     token_mixer = "gla"
@@ -147,6 +167,7 @@ class LKAT(HookedModel):
             )
             for rate in rates
         )
+        self.feature_info = [dict(module=f"blocks.{i}", num_chs=embed_dim, reduction=patch_size) for i in range(depth)]
         self.norm = NORMS[self.norm_type](embed_dim)
         self.hook_final = HookPoint()
         self.head = nn.Linear(embed_dim, num_classes) if num_classes > 0 else nn.Identity()

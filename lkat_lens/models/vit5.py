@@ -21,6 +21,7 @@ from torch import nn
 
 from .attention import softmax_attention
 from .hooks import HookedModel, HookPoint
+from .lkat import TimmFeatures
 from .registry import register_variants
 
 # timm registry names (registered at import) -> architecture defaults; paper Table "results-cls" ViT-5-*.
@@ -162,7 +163,7 @@ class ViT5Block(nn.Module):
         return self.hook_resid_post(x + self.drop_path(self.gamma_2 * self.mlp(self.norm2(x))))
 
 
-class ViT5(HookedModel):
+class ViT5(TimmFeatures, HookedModel):
     """ViT-5. Tokens: [class token, patches (N), registers (R)]; learned pos embedding on patches only."""
 
     def __init__(
@@ -212,6 +213,7 @@ class ViT5(HookedModel):
             )
             for _ in range(depth)
         )
+        self.feature_info = [dict(module=f"blocks.{i}", num_chs=embed_dim, reduction=patch_size) for i in range(depth)]
         self.norm = RmsNorm(embed_dim, eps=1e-6)
         self.hook_final = HookPoint()
         self.head_drop = nn.Dropout(drop_rate)
