@@ -1,4 +1,5 @@
-"""Datasets (scikit-learn digits, CIFAR-10/100, ImageFolder) and image transforms from timm's pieces."""
+"""Datasets (scikit-learn digits, CIFAR-10/100, ImageFolder, procedural shapes with object masks), image
+transforms from timm's pieces, and the evaluation sample (images, labels, masks) analyses run on."""
 
 from __future__ import annotations
 
@@ -20,7 +21,9 @@ from torch.utils.data import Dataset
 from torchvision import transforms
 from torchvision.datasets import CIFAR10, CIFAR100, ImageFolder
 
-DATASETS = ("digits", "cifar10", "cifar100", "imagefolder")
+from .shapes import ShapesDataset
+
+DATASETS = ("digits", "cifar10", "cifar100", "imagefolder", "shapes")
 
 # Per-channel normalisation. Digits: pixel statistics of the 1797 images scaled to [0, 1], repeated over RGB.
 NORMALIZATION: dict[str, tuple[tuple[float, ...], tuple[float, ...]]] = {
@@ -28,8 +31,12 @@ NORMALIZATION: dict[str, tuple[tuple[float, ...], tuple[float, ...]]] = {
     "cifar10": ((0.4914, 0.4822, 0.4465), (0.2023, 0.1994, 0.2010)),
     "cifar100": ((0.5071, 0.4865, 0.4409), (0.2673, 0.2564, 0.2762)),
     "imagefolder": (tuple(IMAGENET_DEFAULT_MEAN), tuple(IMAGENET_DEFAULT_STD)),
+    # pixel statistics of the first 2000 training images at 224x224 (32x32 gives the same to 2e-3)
+    "shapes": ((0.5016, 0.5003, 0.4924), (0.2644, 0.2605, 0.2601)),
 }
-DEFAULT_IMG_SIZE = {"digits": 16, "cifar10": 224, "cifar100": 224, "imagefolder": 224}
+DEFAULT_IMG_SIZE = {"digits": 16, "cifar10": 224, "cifar100": 224, "imagefolder": 224, "shapes": 224}
+# The settings that fix a procedural dataset beside its image size (a checkpoint's data["options"]).
+DATASET_OPTIONS = {"shapes": ("train_images", "val_images", "seed")}
 IN_CHANS = 3  # every dataset is served as RGB; digits repeat their gray level over the three channels
 
 # torchvision's readers of the on-disk CIFAR format (they verify each file's md5 before reading it).
@@ -84,8 +91,29 @@ def build_dataset(
     data_dir: str | os.PathLike = "data",
     transform: Transform | None = None,
     download: bool = False,
+    img_size: int | None = None,
+    options: dict[str, Any] | None = None,
 ) -> Dataset:
-    """The `split` ('train' or 'val') of dataset `name`; it has `.classes` (class names in label order)."""
+    """The `split` ('train' or 'val') of dataset `name`; it has `.classes` (class names in label order).
+
+    `img_size` and `options` (DATASET_OPTIONS, e.g. shapes' train_images, val_images, seed) concern procedural
+    datasets, which draw their images at that size (default: DEFAULT_IMG_SIZE); the others ignore them.
+    """
+    unknown = set(options or {}) - set(DATASET_OPTIONS.get(name, ()))
+    if unknown:
+        raise DataError(f"dataset {name!r} takes no option(s) {', '.join(sorted(unknown))}")
+    if name == "shapes":
+        opts = options or {}
+        try:
+            return ShapesDataset(
+                split,
+                img_size or DEFAULT_IMG_SIZE[name],
+                transform,
+                num_images=opts.get(f"{split}_images"),
+                seed=int(opts.get("seed", 0)),
+            )
+        except ValueError as err:
+            raise DataError(f"shapes: {err}") from None
     if name == "digits":
         return DigitsDataset(split, transform)
     if name in CIFAR_READERS:
