@@ -87,6 +87,7 @@ def main(argv: list[str] | None = None) -> None:
     seconds, result = timed(sweep, device, args.repeats)
     row = {
         "model": name,
+        "weights": args.checkpoint or "random-init (seeded)",
         "device": torch.cuda.get_device_name(device) if device.type == "cuda" else platform.processor() or "cpu",
         "threads": torch.get_num_threads(),
         "load_average": os.getloadavg() if hasattr(os, "getloadavg") else None,
