@@ -3,8 +3,11 @@
 import json
 
 import pytest
+import torch
 
 import lkat_lens_cli
+from lkat_lens.analyses import interventions as iv
+from lkat_lens.study import Study
 
 
 def test_patch_writes_json_and_figures(digits_checkpoint, tmp_path, capsys):
@@ -50,3 +53,23 @@ def test_patch_user_errors_are_one_line(digits_checkpoint, tmp_path, capsys, ext
     assert lkat_lens_cli.main(argv) == 2
     err = capsys.readouterr().err.strip()
     assert err.startswith("lkat-lens: error:") and message in err and "\n" not in err
+
+
+def test_study_caches_interventions_on_sample_images(digits_checkpoint):
+    study = Study.open(digits_checkpoint, device="cpu", num_images=6)
+    result = study.patching(1, 4, "heads")
+    assert study.patching(1, 4, "heads") is result  # cached
+    direct = iv.activation_patching(study.model, study.images(1), study.images(4), "heads")
+    assert torch.equal(result.patched, direct.patched)
+    noisy = study.patching(1, "noise", "resid_post", seed=2)
+    assert (
+        noisy.corrupt_metric
+        == iv.activation_patching(
+            study.model, study.images(1), iv.corrupt(study.images(1), "noise", seed=2), "resid_post", blocks=[0]
+        ).corrupt_metric
+    )
+    ablation = study.ablation(1, "gate")
+    assert ablation.reference_size == 5 and ablation.methods == iv.ABLATIONS  # the rest of the sample
+    dla = study.logit_attribution(2)
+    assert abs(float(dla.logit[0] - dla.model_logit[0])) <= 1e-5 * max(1.0, abs(float(dla.model_logit[0])))
+    assert study.logit_lens(2).logits.shape == (1, 5, 10)
