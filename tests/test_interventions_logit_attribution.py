@@ -47,15 +47,16 @@ def test_components_are_each_blocks_writes_through_the_frozen_norm(lkat, images)
 
 @pytest.mark.parametrize(
     "name, kwargs",
-    [("rbfkat_tiny_patch16_224", {}), ("lkat_tiny_patch16_224", {"use_cls_token": False})],
-    ids=["rmsnorm", "mean-pooled"],
+    [("rbfkat_tiny_patch16_224", {}), ("lkat_tiny_patch16_224", {"use_cls_token": False}), ("vit5_micro", {})],
+    ids=["rmsnorm", "mean-pooled", "vit5-layerscale"],
 )
 def test_other_norms_and_readouts_sum_to_the_logit(name, kwargs, images):
     model = small(name, **kwargs)
     dla = direct_logit_attribution(model, images)
     assert_close(dla.logit, dla.model_logit, rtol=0, atol=1e-5)
     if not kwargs:
-        assert dla.readout[-1] == 1 and dla.readout.sum() == 1
+        cls = model.token_layout["cls"].start
+        assert dla.readout[cls] == 1 and dla.readout.sum() == 1
     else:
         assert_close(dla.readout[:16], torch.full((16,), 1 / 16, dtype=torch.float64))
         assert dla.readout[16:].sum() == 0

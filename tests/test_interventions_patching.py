@@ -173,6 +173,11 @@ def test_every_point_has_its_named_axes(lkat, rbfkat, pair):
     assert results["resid_pre"].layout["cls"] == [CLS] and results["resid_pre"].grid == (4, 4)
     assert results["heads"].to_dict()["axes"] == ["block", "head"]
     assert "gate" not in patch_every_point(rbfkat, clean, "noise", blocks=[0], units=[0])  # softmax: no gates
+    torch.manual_seed(0)
+    vit5 = lkat_lens.create_model("vit5_micro", num_classes=10).eval()  # no per-head outputs, no KAN
+    assert set(patch_every_point(vit5, clean, "noise", blocks=[0], units=[0])) == {
+        "resid_pre", "resid_mid", "resid_post", "attn_out", "q", "k", "v"
+    }  # fmt: skip
 
 
 def test_models_without_the_hook_are_refused_by_name(rbfkat, pair):
