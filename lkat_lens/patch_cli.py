@@ -12,6 +12,7 @@ import plotly.graph_objects as go
 import torch
 
 from .analyses import interventions as iv
+from .analyses.parts import has_head_outputs
 from .analyses.serialize import json_ready
 from .figures import interventions as figs
 from .figures_cli import write_figures
@@ -85,7 +86,7 @@ def run_patch(args: argparse.Namespace) -> dict[str, Any]:
             reference = torch.cat([reference[:clean_spec], reference[clean_spec + 1 :]])
         reference = reference[: args.reference_images]
         ablation = iv.ablate(model, clean, args.ablate, reference=reference, target=args.target, seed=args.seed)
-    dla = iv.direct_logit_attribution(model, clean, args.target)
+    dla = iv.direct_logit_attribution(model, clean, args.target, heads=has_head_outputs(model))
     lens = iv.logit_lens(model, clean, args.target)
     report = {
         "checkpoint": str(args.checkpoint),
@@ -103,6 +104,8 @@ def run_patch(args: argparse.Namespace) -> dict[str, Any]:
     if ablation is not None:
         drawn[f"ablation_{args.ablate}"] = figs.ablation_figure(ablation)
     drawn["logit_attribution"] = figs.dla_figure(dla)
+    if dla.head_totals is not None:
+        drawn["logit_attribution_heads"] = figs.dla_heads_figure(dla)
     drawn["logit_lens"] = figs.logit_lens_figure(lens)
     paths = write_figures(drawn, out, args.fmt)
     print(f"wrote {out / 'interventions.json'} and {len(paths)} figures to {out}")

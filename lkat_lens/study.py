@@ -425,10 +425,13 @@ class Study:
         )
 
     def logit_attribution(self, image: int, target: int | None = None) -> DirectLogitAttribution:
-        """Direct logit attribution of sample image `image` (default: its predicted class), cached."""
+        """Direct logit attribution of sample image `image` (default: its predicted class), split by head where the
+        model has per-head outputs, cached."""
         return self.cached(
             ("logit_attribution", image, target),
-            lambda: interventions.direct_logit_attribution(self.model, self.images(image), target),
+            lambda: interventions.direct_logit_attribution(
+                self.model, self.images(image), target, heads=parts.has_head_outputs(self.model)
+            ),
         )
 
     def logit_lens(self, image: int, target: int | None = None) -> LogitLens:

@@ -26,7 +26,7 @@ def test_patch_writes_json_and_figures(digits_checkpoint, tmp_path, capsys):
     assert abs(dla["logit"][0] - dla["model_logit"][0]) <= 1e-5 * max(1.0, abs(dla["model_logit"][0]))
     names = {p.name for p in out.iterdir()}
     assert {"patch_resid_pre.html", "patch_heads.html", "ablation_heads.html", "logit_attribution.html"} <= names
-    assert "logit_lens.html" in names and "wrote" in capsys.readouterr().out
+    assert {"logit_lens.html", "logit_attribution_heads.html"} <= names and "wrote" in capsys.readouterr().out
 
 
 def test_patch_with_a_corruption_and_no_ablation(digits_checkpoint, tmp_path):
@@ -71,5 +71,9 @@ def test_study_caches_interventions_on_sample_images(digits_checkpoint):
     ablation = study.ablation(1, "gate")
     assert ablation.reference_size == 5 and ablation.methods == iv.ABLATIONS  # the rest of the sample
     dla = study.logit_attribution(2)
+    assert dla.head_totals.shape == (1, 4, 2)  # LKAT: split by head
+    assert abs(float(dla.head_totals.sum() - dla.totals[0, 1::2].sum())) <= 1e-5 * max(
+        1.0, float(dla.totals.abs().max())
+    )
     assert abs(float(dla.logit[0] - dla.model_logit[0])) <= 1e-5 * max(1.0, abs(float(dla.model_logit[0])))
     assert study.logit_lens(2).logits.shape == (1, 5, 10)

@@ -86,3 +86,39 @@ def test_models_without_a_linear_head_are_refused(images):
     model = small("lkat_tiny_patch16_224", num_classes=0)
     with pytest.raises(ValueError, match="needs a final LayerNorm or RmsNorm `norm` and a Linear `head`"):
         direct_logit_attribution(model, images)
+
+
+@pytest.mark.parametrize("model_name", ["lkat", "rbfkat"])
+def test_heads_split_each_attention_contribution(model_name, lkat, images):
+    model = lkat if model_name == "lkat" else small("rbfkat_tiny_patch16_224")
+    dla = direct_logit_attribution(model, images, heads=True)
+    depth, heads = len(model.blocks), model.blocks[0].attn.num_heads
+    assert dla.head_contributions.shape == (2, depth, heads, dla.contributions.shape[-1])
+    _, cache = model.run_with_cache(images)
+    final, norm, row = cache["resid_post", depth - 1].double(), model.norm, model.head.weight.double()[dla.target]
+
+    def direct(write: torch.Tensor) -> torch.Tensor:  # through the final norm frozen at this run, then the head
+        if isinstance(norm, torch.nn.LayerNorm):
+            sigma = torch.sqrt(final.var(-1, unbiased=False, keepdim=True) + norm.eps)
+            through = (write - write.mean(-1, keepdim=True)) / sigma * norm.weight.double()
+        else:
+            through = write / torch.sqrt(final.pow(2).mean(-1, keepdim=True) + norm.eps) * norm.weight.double()
+        return torch.einsum("btd,bd->bt", through, row)
+
+    for i in range(depth):
+        attn = model.blocks[i].attn
+        proj = attn.o_proj if model_name == "lkat" else attn.proj
+        seen = []
+        handle = proj.register_forward_pre_hook(lambda m, args, seen=seen: seen.append(args[0].double()))
+        with torch.no_grad():
+            model(images)
+        handle.remove()
+        width = proj.in_features // heads
+        for h in range(heads):  # head h's write: its slice of the projection's input through its weight columns
+            write = seen[0][..., h * width : (h + 1) * width] @ proj.weight.double()[:, h * width : (h + 1) * width].T
+            assert_close(dla.head_contributions[:, i, h], direct(write), rtol=0, atol=1e-5)
+        rest = dla.contributions[:, 1 + 2 * i] - dla.head_contributions[:, i].sum(1)  # the projection's bias
+        bias = torch.zeros_like(final) if proj.bias is None else proj.bias.double().expand_as(final)
+        assert_close(rest, direct(bias), rtol=0, atol=1e-5)
+    with pytest.raises(ValueError, match="no per-head outputs"):
+        direct_logit_attribution(small("vit5_micro"), images, heads=True)

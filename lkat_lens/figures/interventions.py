@@ -145,6 +145,17 @@ def dla_figure(dla: DirectLogitAttribution, image: int = 0, title: str = "") -> 
     return fig
 
 
+def dla_heads_figure(dla: DirectLogitAttribution, image: int = 0, title: str = "") -> go.Figure:
+    """Each attention head's direct contribution to the target logit of one image: [block x head]."""
+    if dla.head_totals is None:
+        raise ValueError("this attribution has no per-head split (direct_logit_attribution(..., heads=True))")
+    values = dla.head_totals[image]
+    blocks, heads = list(range(values.shape[0])), list(range(values.shape[1]))
+    return unit_heatmap(
+        values, blocks, heads, "head", title or f"direct logit attribution per head, class {int(dla.target[image])}"
+    )
+
+
 def logit_lens_figure(lens: LogitLens, image: int = 0, classes: int = 5, title: str = "") -> go.Figure:
     """The logits of the final top classes (and the target) after the embedding and each block, for one image."""
     logits = lens.logits[image]  # [layer, class]

@@ -18,7 +18,7 @@ from timm.layers import RmsNorm
 from torch import nn
 
 from ..batching import full_fp32, on_model
-from ..parts import TargetLike, eval_mode, residual_names, targets_for
+from ..parts import TargetLike, eval_mode, head_projection, residual_names, targets_for
 from ..serialize import json_ready
 
 __all__ = ["DirectLogitAttribution", "LogitLens", "direct_logit_attribution", "logit_lens", "readout_weights"]
@@ -29,7 +29,8 @@ class DirectLogitAttribution:
     """contributions[image, component, position]: each component's direct effect on the target logit as if the head
     read that position (the class token's column is the model's, for class-token models); `bias[image, position]`
     the biases' part; `logit[image]` their sum over the readout (readout_weights), `model_logit[image]` the model's
-    own logit. axes = ("image", "component", "position")."""
+    own logit. axes = ("image", "component", "position"). With heads=True, `head_contributions[image, block, head,
+    position]` splits each "attn i" by head (its output projection's bias, if any, is the rest)."""
 
     components: list[str]
     contributions: torch.Tensor
@@ -39,6 +40,8 @@ class DirectLogitAttribution:
     target: torch.Tensor
     readout: torch.Tensor
     axes: tuple[str, str, str] = ("image", "component", "position")
+    head_contributions: torch.Tensor | None = None
+    head_axes: tuple[str, ...] = ("image", "block", "head", "position")
 
     def to_dict(self) -> dict[str, Any]:
         return json_ready(self)
@@ -47,6 +50,11 @@ class DirectLogitAttribution:
     def totals(self) -> torch.Tensor:
         """Each component's contribution to the model's logit [image, component] (over the readout positions)."""
         return self.contributions @ self.readout
+
+    @property
+    def head_totals(self) -> torch.Tensor | None:
+        """Each head's contribution to the model's logit [image, block, head] (None without heads=True)."""
+        return None if self.head_contributions is None else self.head_contributions @ self.readout
 
 
 @dataclass
@@ -95,10 +103,11 @@ def _frozen_norm(norm: nn.Module, x: torch.Tensor) -> tuple[torch.Tensor, bool]:
 
 
 def direct_logit_attribution(
-    model: nn.Module, images: torch.Tensor, target: TargetLike = None
+    model: nn.Module, images: torch.Tensor, target: TargetLike = None, heads: bool = False
 ) -> DirectLogitAttribution:
     """Each block's attention and MLP contribution (and the embedding's) to the target logit (default: the
-    predicted class) through the final norm with its scale frozen at this run; sums to the logit (float64)."""
+    predicted class) through the final norm with its scale frozen at this run; sums to the logit (float64).
+    `heads`: also each attention head's share (LKAT, rbfKAT: through attn.hook_z and the output projection)."""
     norm, head = _check_parts(model)
     images = on_model(model, images if images.dim() == 4 else images[None])
     points = model.hook_points()
@@ -107,8 +116,10 @@ def direct_logit_attribution(
     names = ["hook_embed"] + [
         f"blocks.{i}.{p}" for i in range(depth) for p in (("hook_resid_mid",) if has_mid else ()) + ("hook_resid_post",)
     ]
+    projections = [head_projection(model, i) for i in range(depth)] if heads else []
+    head_names = [f"blocks.{i}.attn.hook_z" for i in range(depth)] if heads else []
     with eval_mode(model), torch.no_grad(), full_fp32():
-        logits, cache = model.run_with_cache(images, names_filter=names)
+        logits, cache = model.run_with_cache(images, names_filter=names + head_names)
     goal = logits.argmax(-1) if target is None else targets_for(len(images), target, images.device)
     stream = [cache[n].double().cpu() for n in names]
     components = ["embed"] + [
@@ -125,6 +136,20 @@ def direct_logit_attribution(
     if getattr(norm, "bias", None) is not None:
         bias += (rows @ norm.bias.detach().double().cpu())[:, None]
     readout = readout_weights(model, parts.shape[2])
+    per_head = None
+    if heads:
+
+        def direct(writes: torch.Tensor) -> torch.Tensor:  # [B, T, ..., D] -> [B, T, ...]
+            writes = writes - writes.mean(-1, keepdim=True) if centre else writes
+            scaled = writes / scale.reshape(*scale.shape[:2], *[1] * (writes.dim() - 2)) * weight
+            return torch.einsum("bt...d,bd->bt...", scaled, rows)
+
+        per_head = []
+        for name, proj in zip(head_names, projections, strict=True):
+            z = cache[name].double().cpu()  # [B, T, H, V]
+            w = proj.weight.detach().double().cpu().unflatten(1, z.shape[2:])  # [D, H, V]
+            per_head.append(direct(torch.einsum("bthv,dhv->bthd", z, w)).transpose(1, 2))  # [B, H, T]
+        per_head = torch.stack(per_head, 1)
     return DirectLogitAttribution(
         components=components,
         contributions=contributions,
@@ -133,6 +158,7 @@ def direct_logit_attribution(
         model_logit=logits.gather(-1, goal[:, None])[:, 0].double().cpu(),
         target=goal.cpu(),
         readout=readout,
+        head_contributions=per_head,
     )
 
 
