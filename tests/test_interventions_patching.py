@@ -198,6 +198,10 @@ def test_models_without_the_hook_are_refused_by_name(rbfkat, pair):
         hook_names(rbfkat, "resid")
     with pytest.raises(ValueError, match="'head' needs per-head"):
         activation_patching(rbfkat, clean, corrupted, "resid_pre", "head")
+    with pytest.raises(ValueError, match=r"heads \[2\] out of range: blocks.0.attn.hook_z has heads 0..1"):
+        activation_patching(rbfkat, clean, corrupted, "heads", units=[1, 2])
+    with pytest.raises(ValueError, match="do not pair with clean"):
+        activation_patching(rbfkat, clean, torch.cat([corrupted, corrupted]), "resid_pre")
 
 
 def test_timm_vit_residual_patching_runs_where_the_hooks_exist(pair):

@@ -16,7 +16,7 @@ from ..batching import full_fp32, on_model
 from ..parts import TargetLike, eval_mode, targets_for
 from ..serialize import json_ready
 from .patching import PATCH_AXES
-from .sweep import MEMORY_BUDGET, POINTS, LogitMetric, hook_names, rows_for_budget, sweep_units, unit_dim
+from .sweep import POINTS, LogitMetric, default_rows, hook_names, sweep_units, unit_dim
 
 __all__ = ["ABLATIONS", "AblationResult", "ablate", "ablation_replacements", "norm_matched_noise", "resample_indices"]
 
@@ -119,9 +119,7 @@ def ablate(
         scorer = LogitMetric.build(metric, goal, logits, chosen)
         dim = unit_dim(cache[names[0]], along)
         units = list(range(cache[names[0]].shape[dim])) if units is None else [int(u) for u in units]
-        if rows_per_pass is None:
-            budget = MEMORY_BUDGET["cuda" if images.device.type == "cuda" else "cpu"]
-            rows_per_pass = rows_for_budget(model, cache[names[0]].shape[1], budget)
+        rows_per_pass = rows_per_pass or default_rows(model, cache[names[0]])
         per_method = {m: {} for m in methods}
         for name in names:
             replacements = ablation_replacements(cache[name], ref_cache[name], dim, generator, same)

@@ -15,7 +15,7 @@ from ..batching import full_fp32, on_model
 from ..parts import TargetLike, eval_mode, patch_grid, patch_size, targets_for, token_positions
 from ..serialize import json_ready
 from .corruptions import corrupt
-from .sweep import MEMORY_BUDGET, POINTS, LogitMetric, hook_names, rows_for_budget, sweep_units, unit_dim
+from .sweep import POINTS, LogitMetric, default_rows, hook_names, sweep_units, unit_dim
 
 __all__ = ["PATCH_AXES", "PatchingResult", "activation_patching", "patch_every_point", "patch_heads", "patch_residual"]
 
@@ -100,9 +100,7 @@ def activation_patching(
         scorer = LogitMetric.build(metric, goal, corrupt_logits, chosen)
         size = cache[names[0]].shape[unit_dim(cache[names[0]], along)]
         units = list(range(size)) if units is None else [int(u) for u in units]
-        if rows_per_pass is None:
-            budget = MEMORY_BUDGET["cuda" if clean.device.type == "cuda" else "cpu"]
-            rows_per_pass = rows_for_budget(model, cache[names[0]].shape[1], budget)
+        rows_per_pass = rows_per_pass or default_rows(model, cache[names[0]])
         patched = sweep_units(model, corrupted, {n: cache[n] for n in names}, along, units, scorer, rows_per_pass)
         clean_value, corrupt_value = scorer(clean_logits).mean().item(), scorer(corrupt_logits).mean().item()
     patched = patched.mean(-1).double().cpu()

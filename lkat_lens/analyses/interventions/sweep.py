@@ -15,7 +15,16 @@ from torch import nn
 
 from ..parts import kan_layers
 
-__all__ = ["AXES", "MEMORY_BUDGET", "POINTS", "LogitMetric", "hook_names", "rows_for_budget", "sweep_units"]
+__all__ = [
+    "AXES",
+    "MEMORY_BUDGET",
+    "POINTS",
+    "LogitMetric",
+    "default_rows",
+    "hook_names",
+    "rows_for_budget",
+    "sweep_units",
+]
 
 # Short names of the hook points an intervention can target -> hook suffix inside blocks.{i}.
 POINTS = {
@@ -112,6 +121,13 @@ def unit_dim(activation: torch.Tensor, along: str) -> int:
     raise ValueError(f"unknown axis {along!r}; choose from {AXES}")
 
 
+def default_rows(model: nn.Module, activation: torch.Tensor) -> int:
+    """Inputs per forward pass for sweeps over a hook point with this activation [B, T, ...], within the device's
+    MEMORY_BUDGET."""
+    budget = MEMORY_BUDGET["cuda" if activation.device.type == "cuda" else "cpu"]
+    return rows_for_budget(model, activation.shape[1], budget)
+
+
 def rows_for_budget(model: nn.Module, tokens: int, budget: int) -> int:
     """Inputs per forward pass whose activations fit in `budget` bytes (a conservative estimate: a few live
     copies of the widest activation, the KAN basis values [T, in, G] included)."""
@@ -139,6 +155,9 @@ def sweep_units(
     for name, replacement in replacements.items():
         dim = unit_dim(replacement, along) + 1  # in the [n, B, ...] view
         size = replacement.shape[dim - 1]
+        bad = [u for u in units if not 0 <= u < size]
+        if bad:
+            raise ValueError(f"{along}s {bad} out of range: {name} has {along}s 0..{size - 1}")
         rows = []
         for start in range(0, len(units), per_pass):
             chunk = torch.as_tensor(units[start : start + per_pass], device=inputs.device)
