@@ -223,6 +223,18 @@ def test_hook_z_is_what_the_output_projection_reads(lkat, rbfkat, images):
     q, k, v = (cache[f"blocks.1.attn.hook_{n}"].transpose(1, 2) for n in "qkv")  # rbfKAT: softmax by hand
     attn = torch.softmax(q @ k.transpose(-1, -2) * rbfkat.blocks[1].attn.scale, -1)
     assert_close(cache["blocks.1.attn.hook_z"], (attn @ v).transpose(1, 2))
+    _, cache = lkat.run_with_cache(images, names_filter=lambda n: n.startswith("blocks.1."))
+    gla = lkat.blocks[1].attn  # LKAT: each head's GLA output (recurrence by hand), g_norm, times the output gate
+    q, k, v, gk = (cache[f"blocks.1.attn.hook_{n}"].double() for n in ("q", "k", "v", "gk"))
+    state = torch.zeros(*q.shape[:1], q.shape[2], q.shape[3], v.shape[3], dtype=torch.float64)
+    outputs = []
+    for t in range(q.shape[1]):
+        state = state * gk[:, t, ..., None].exp() + k[:, t, ..., None] * v[:, t, :, None, :]
+        outputs.append(torch.einsum("bhk,bhkv->bhv", q[:, t] * gla.scale, state))
+    x = lkat.blocks[1].norm1(cache["blocks.1.hook_resid_pre"])
+    gate = F.silu(gla.g_proj(x)).unflatten(-1, (gla.num_heads, gla.head_v_dim))
+    z = gla.g_norm(torch.stack(outputs, 1).float()) * gate
+    assert_close(cache["blocks.1.attn.hook_z"], z, rtol=0, atol=1e-5)
 
 
 def test_corruptions_are_seeded_and_do_what_they_say(images):
