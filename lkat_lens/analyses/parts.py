@@ -46,6 +46,23 @@ def gla_blocks(model: nn.Module) -> list[int]:
     return [i for i in range(len(model.blocks)) if f"blocks.{i}.attn.hook_gk" in points]
 
 
+def has_head_outputs(model: nn.Module) -> bool:
+    """Whether every block exposes its per-head attention outputs (attn.hook_z: LKAT, rbfKAT)."""
+    points = model.hook_points()
+    return all(f"blocks.{i}.attn.hook_z" in points for i in range(len(model.blocks)))
+
+
+def head_projection(model: nn.Module, block: int) -> nn.Linear:
+    """The linear map from a block's per-head outputs (attn.hook_z, heads concatenated) to its attention output
+    (GLA's o_proj, MHSA's proj); ValueError for a model without per-head outputs."""
+    attn = model.blocks[block].attn
+    if f"blocks.{block}.attn.hook_z" not in model.hook_points():
+        raise ValueError(
+            f"{type(model).__name__} has no per-head outputs (attn.hook_z); per-head DLA needs LKAT or rbfKAT"
+        )
+    return attn.o_proj if hasattr(attn, "o_proj") else attn.proj
+
+
 def residual_names(model: nn.Module) -> list[str]:
     """Hook names of the residual stream by depth: hook_embed, then each block's hook_resid_post."""
     return ["hook_embed", *(f"blocks.{i}.hook_resid_post" for i in range(len(model.blocks)))]
@@ -59,6 +76,12 @@ def class_token_index(model: nn.Module) -> int:
             "class-token attention and rollout need one"
         )
     return model.token_layout["cls"].start
+
+
+def token_positions(model: nn.Module, tokens: int) -> dict[str, list[int]]:
+    """The positions of each token type ("patches", "registers", "cls", as the model has them) in a sequence of
+    `tokens` tokens."""
+    return {kind: list(range(*where.indices(tokens))) for kind, where in model.token_layout.items()}
 
 
 def patch_grid(model: nn.Module) -> tuple[int, int]:
