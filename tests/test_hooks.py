@@ -20,7 +20,7 @@ def design_hook_shapes(depth: int) -> dict[str, tuple[int, ...]]:
     for i in range(depth):
         p = f"blocks.{i}."
         shapes |= {p + n: (B, T, D) for n in ("hook_resid_pre", "hook_resid_mid", "hook_resid_post", "attn.hook_out")}
-        shapes |= {p + f"attn.hook_{n}": (B, T, H, DH) for n in ("q", "k", "v", "gk")}
+        shapes |= {p + f"attn.hook_{n}": (B, T, H, DH) for n in ("q", "k", "v", "gk", "z")}
         shapes[p + "attn.hook_pattern"] = (B, H, T, T)
         shapes |= {p + "mlp.fc1.hook_in": (B, T, D), p + "mlp.fc1.hook_out": (B, T, 4 * D)}
         shapes |= {p + "mlp.fc2.hook_in": (B, T, 4 * D), p + "mlp.fc2.hook_out": (B, T, D)}

@@ -61,6 +61,12 @@ def class_token_index(model: nn.Module) -> int:
     return model.token_layout["cls"].start
 
 
+def token_positions(model: nn.Module, tokens: int) -> dict[str, list[int]]:
+    """The positions of each token type ("patches", "registers", "cls", as the model has them) in a sequence of
+    `tokens` tokens."""
+    return {kind: list(range(*where.indices(tokens))) for kind, where in model.token_layout.items()}
+
+
 def patch_grid(model: nn.Module) -> tuple[int, int]:
     """The patch grid (rows, columns)."""
     return tuple(int(n) for n in model.patch_embed.grid_size)

@@ -93,6 +93,7 @@ class VisionGLA(nn.Module):
         self.rotary = make_rope(rope_mode, grid, self.head_dim, rope_theta)
         self.hook_q, self.hook_k, self.hook_v = HookPoint(), HookPoint(), HookPoint()
         self.hook_gk, self.hook_pattern, self.hook_out = HookPoint(), HookPoint(), HookPoint()
+        self.hook_z = HookPoint()  # per-head outputs [B,T,H,V] after g_norm and the output gate, before o_proj
 
     @property
     def scale(self) -> float:
@@ -115,8 +116,8 @@ class VisionGLA(nn.Module):
         k = self.hook_k(self.rotary(self.k_norm(k)))
         gk = self.hook_gk(F.logsigmoid(self.gk_proj(x).float()).unflatten(-1, heads) / self.gate_logit_normalizer)
         o = self.mix(q, k, v, gk)
-        o = self.g_norm(o).flatten(-2) * F.silu(self.g_proj(x))
-        return self.hook_out(self.o_proj(o))
+        o = self.hook_z(self.g_norm(o) * F.silu(self.g_proj(x)).unflatten(-1, v_heads))
+        return self.hook_out(self.o_proj(o.flatten(-2)))
 
 
 class VisionMHSA(nn.Module):
@@ -144,6 +145,7 @@ class VisionMHSA(nn.Module):
         self.rotary = make_rope(rope_mode, grid, self.head_dim, rope_theta)
         self.hook_q, self.hook_k, self.hook_v = HookPoint(), HookPoint(), HookPoint()
         self.hook_pattern, self.hook_out = HookPoint(), HookPoint()
+        self.hook_z = HookPoint()  # per-head outputs [B,T,H,dh] before proj
 
     @property
     def scale(self) -> float:
@@ -157,4 +159,4 @@ class VisionMHSA(nn.Module):
         v = self.hook_v(v)
         q, k, v = (t.transpose(1, 2) for t in (q, k, v))
         o = softmax_attention(q, k, v, self.scale, self.hook_pattern, self.attn_drop if self.training else 0.0)
-        return self.hook_out(self.proj(o.transpose(1, 2).flatten(-2)))
+        return self.hook_out(self.proj(self.hook_z(o.transpose(1, 2)).flatten(-2)))

@@ -27,6 +27,18 @@ from ..serialize import json_ready
 from ..symbolic import SymbolicFit, SymbolicFunction
 from .effects import measure
 
+__all__ = [
+    "EdgeAblation",
+    "EdgeSwap",
+    "PruneCurve",
+    "SymbolicSwapResult",
+    "edge_contributions",
+    "layer_importance",
+    "prune_masks",
+    "prune_sweep",
+    "symbolic_swap",
+]
+
 Curve = Callable[[torch.Tensor], torch.Tensor]  # float64 x -> float64 f(x), elementwise (a SymbolicFit is one)
 
 

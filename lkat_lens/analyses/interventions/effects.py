@@ -22,6 +22,8 @@ from ..batching import batches, on_model
 from ..parts import eval_mode
 from ..serialize import json_ready
 
+__all__ = ["Effects", "Intervention", "attached", "describe", "intervened_logits", "measure"]
+
 ALL_ROWS = slice(None)
 
 

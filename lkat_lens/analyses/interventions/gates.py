@@ -31,6 +31,18 @@ from ..parts import gla_blocks
 from ..serialize import json_ready
 from .effects import measure
 
+__all__ = [
+    "CLOSED_LOG_GATE",
+    "GateClamp",
+    "GateClampSweep",
+    "StateCut",
+    "StateCutSweep",
+    "gate_clamp_sweep",
+    "gla_layer",
+    "state_cut_sweep",
+    "token_names",
+]
+
 TOKEN_KINDS = {"patches": "patch", "registers": "register"}  # token_layout key -> one token's name
 CLOSED_LOG_GATE = -1000.0  # log α for α = 0: exp is exactly 0 in fp32 and fp64; its prefix sums are exact integers
 
