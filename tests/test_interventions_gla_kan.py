@@ -24,6 +24,12 @@ from lkat_lens.analyses.interventions.edges import (
 from lkat_lens.analyses.interventions.effects import attached, intervened_logits, measure
 from lkat_lens.analyses.interventions.gates import GateClamp, StateCut, gate_clamp_sweep, state_cut_sweep, token_names
 from lkat_lens.analyses.parts import kan_layers
+from lkat_lens.figures.interventions_gla_kan import (
+    gate_clamp_figure,
+    prune_curve_figure,
+    state_cut_figure,
+    symbolic_swap_figure,
+)
 from lkat_lens.models.kan import KANLayer
 
 BLOCK = 1
@@ -132,6 +138,9 @@ def test_gate_clamp_sweep_agrees_with_one_at_a_time_runs(lkat, images):
     assert sweep.head_logit_change.shape == (2, 2, 2)
     assert sweep.head_logit_change.abs().max() > 1e-4
     json.dumps(sweep.to_dict())
+    fig = gate_clamp_figure(sweep)  # per α: [block x head] and the all-heads column
+    assert [list(t.x) for t in fig.data] == [["0", "1", "all"]] * 2
+    assert fig.data[1].z[1][2] == pytest.approx(float(sweep.block_logit_change[1, 1]))
 
 
 def test_state_cut_sweep_names_positions_and_agrees_with_single_cuts(lkat, images):
@@ -140,6 +149,7 @@ def test_state_cut_sweep_names_positions_and_agrees_with_single_cuts(lkat, image
     assert token_names(lkat.token_layout)[15:] == names
     sweep = state_cut_sweep(lkat, images, labels, positions=[4, 20], blocks=[0, 3], batch_size=4)
     assert sweep.position_names == ["patch 4", "cls"]
+    assert list(state_cut_figure(sweep).data[0].x) == ["patch 4", "cls"]
     single = measure(lkat, images, labels, [StateCut(3, 20)])
     assert float(sweep.logit_change[1, 1]) == pytest.approx(float(single.logit_change[0]), abs=1e-5)
     with pytest.raises(ValueError, match="position 21 is out of range"):
@@ -264,6 +274,7 @@ def test_pruning_with_threshold_zero_changes_nothing(strong_kan, images):
     assert float(curve.logit_change[1]) == pytest.approx(float(single.logit_change[0]), abs=1e-5)
     assert curve.logit_abs_change[0] == 0 and curve.logit_abs_change[2] > 1e-4
     json.dumps(curve.to_dict())
+    assert list(prune_curve_figure(curve).data[0].x) == curve.fraction_pruned.tolist()
 
 
 def test_symbolic_swap_reports_fits_and_agrees_with_single_swaps(strong_kan, images):
@@ -278,3 +289,6 @@ def test_symbolic_swap_reports_fits_and_agrees_with_single_swaps(strong_kan, ima
     assert float(found.edge_logit_change[0]) == pytest.approx(float(single.logit_change[0]), abs=1e-5)
     assert found.logit_abs_change >= 0 and math.isfinite(found.logit_change)
     json.dumps(found.to_dict())
+    table = symbolic_swap_figure(found).data[0].cells.values
+    assert list(table[0]) == [f"φ[{q},{p}]" for q, p in found.edges] + ["all together"]
+    assert list(table[2][:2]) == found.formulas
