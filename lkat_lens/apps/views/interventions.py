@@ -70,8 +70,11 @@ def patching_figures(ckpt: CheckpointState, block: int, image: int, corruption: 
     reason = block_message(ckpt, block)
     if reason:
         return [message_figure(reason)] * 3
-    positions = ckpt.patching(image, corruption, "resid_pre")
-    heads = ckpt.patching(image, corruption, "heads")
+    try:
+        positions = ckpt.patching(image, corruption, "resid_pre")
+        heads = ckpt.patching(image, corruption, "heads")
+    except ValueError as err:  # a model without the hook points patching needs
+        return [message_figure(f"no patching: {err}")] * 3
     subject = f"image {image} vs {corruption}"
     return [
         ckpt.cached(
