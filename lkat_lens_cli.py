@@ -66,6 +66,13 @@ def cmd_explore(args: argparse.Namespace) -> None:
     run(args)
 
 
+def cmd_patch(args: argparse.Namespace) -> None:
+    """Patch, ablate and attribute one image against a corruption; write JSON and figures."""
+    from lkat_lens.patch_cli import cmd_patch as run
+
+    run(args)
+
+
 def add_data_arguments(parser: argparse.ArgumentParser, num_images: int) -> None:
     """Where a subcommand's images come from and how many it analyses."""
     parser.add_argument("--data", help="dataset name (default: the checkpoint's)")
@@ -120,6 +127,27 @@ def build_parser() -> argparse.ArgumentParser:
     explore.add_argument("--port", type=int, default=8050)
     explore.add_argument("--debug", action="store_true", help="Dash debug mode (reloader, tracebacks in the page)")
     explore.set_defaults(func=cmd_explore)
+    patch = sub.add_parser(
+        "patch", help="activation patching, ablations with controls, direct logit attribution and the logit lens"
+    )
+    add_checkpoint_argument(patch)
+    patch.add_argument("--clean", required=True, help="a sample image index (e.g. 3) or an image file")
+    patch.add_argument(
+        "--corrupt", required=True, help="noise, blur, shuffle (seeded), or a sample image index or an image file"
+    )
+    patch.add_argument("--target", type=int, help="class whose logit is measured (default: the clean prediction)")
+    patch.add_argument("--points", default="all", help="hook points to patch: 'all' or e.g. resid_pre,heads,gate,fc1")
+    patch.add_argument(
+        "--ablate", default="heads", help="hook point ablated four ways (zero/mean/noise/resample), or none"
+    )
+    patch.add_argument("--reference-images", type=int, default=16, help="sample images the ablations draw from")
+    patch.add_argument("--data", help="dataset name (default: the checkpoint's)")
+    patch.add_argument("--data-dir", default="data", help="where cifar/imagefolder data live")
+    patch.add_argument("--device", help="where the model runs: cpu, cuda or cuda:N (default: cuda when available)")
+    patch.add_argument("--seed", type=int, default=0)
+    patch.add_argument("--format", choices=FIGURE_FORMATS, default="png", dest="fmt")
+    patch.add_argument("--out", default="interventions", help="output folder")
+    patch.set_defaults(func=cmd_patch)
     return parser
 
 

@@ -19,18 +19,18 @@ from typing import Any, TypeVar
 import torch
 from torch import nn
 
-from .analyses import attention, attributions, edge_functions, gates, grid_span, parts, probes, tokens
+from .analyses import attention, attributions, edge_functions, gates, grid_span, interventions, parts, probes, tokens
 from .analyses.attention import AttentionMatrices, ClsAttention, Rollout
 from .analyses.attributions import Attribution, FaithfulnessCurves
 from .analyses.batching import batches, full_fp32, on_model
 from .analyses.edge_functions import EdgeCurves, EdgeFunctionSummary, EdgeImportance, LayerStatistics
 from .analyses.gates import GateStats
+from .analyses.interventions import AblationResult, DirectLogitAttribution, LogitLens, PatchingResult
 from .analyses.interventions import edges as edge_interventions
 from .analyses.interventions import gates as gate_interventions
 from .analyses.interventions.edges import EdgeAblation, PruneCurve, SymbolicSwapResult
 from .analyses.interventions.effects import intervened_logits
 from .analyses.interventions.gates import GateClamp, GateClampSweep
-from .analyses.interventions.patching import PatchingResult, activation_patching
 from .analyses.probes import ProbeResults
 from .analyses.symbolic import SymbolicFitResult
 from .analyses.tokens import TokenNorms
@@ -400,6 +400,48 @@ class Study:
             ),
         )
 
+    # ------------------------------------------------------------------------------------ interventions
+
+    def corrupted(self, image: int, corrupt: str | int, seed: int = 0) -> torch.Tensor:
+        """Sample image `image` corrupted: "noise", "blur", "shuffle" (seeded), or another sample image's index."""
+        if isinstance(corrupt, int):
+            return self.images(corrupt)
+        return interventions.corrupt(self.images(image), corrupt, patch_size=self.patch_size, seed=seed)
+
+    def patching(
+        self, image: int, corrupt: str | int, point: str = "resid_pre", target: int | None = None, seed: int = 0
+    ) -> PatchingResult:
+        """Activation patching of `point` from sample image `image` into its corruption, cached."""
+        return self.cached(
+            ("patching", image, corrupt, point, target, seed),
+            lambda: interventions.activation_patching(
+                self.model, self.images(image), self.corrupted(image, corrupt, seed), point, target=target
+            ),
+        )
+
+    def ablation(self, image: int, point: str = "heads", target: int | None = None, seed: int = 0) -> AblationResult:
+        """The four ablations of `point` on sample image `image`, the rest of the sample as reference, cached."""
+        others = torch.cat([self.sample.images[:image], self.sample.images[image + 1 :]])
+        return self.cached(
+            ("ablation", image, point, target, seed),
+            lambda: interventions.ablate(
+                self.model, self.images(image), point, reference=others, target=target, seed=seed
+            ),
+        )
+
+    def logit_attribution(self, image: int, target: int | None = None) -> DirectLogitAttribution:
+        """Direct logit attribution of sample image `image` (default: its predicted class), cached."""
+        return self.cached(
+            ("logit_attribution", image, target),
+            lambda: interventions.direct_logit_attribution(self.model, self.images(image), target),
+        )
+
+    def logit_lens(self, image: int, target: int | None = None) -> LogitLens:
+        """The logit lens of sample image `image`, cached."""
+        return self.cached(
+            ("logit_lens", image, target), lambda: interventions.logit_lens(self.model, self.images(image), target)
+        )
+
     # ------------------------------------------------------------------- interventions: GLA gates, KAN edges
 
     @property
@@ -463,14 +505,6 @@ class Study:
                 importance,
                 batch_size=self.defaults.batch_size,
             ),
-        )
-
-    def patching(self, image: int, corruption: str, point: str = "resid_pre") -> PatchingResult:
-        """Activation patching of one sample image against a corruption of it: the residual stream per [block,
-        position] ("resid_pre") or the heads per [block, head] ("heads")."""
-        return self.cached(
-            ("patching", image, corruption, point),
-            lambda: activation_patching(self.model, self.images(image), corruption, point),
         )
 
     def top_edge(self, block: int, layer: str, rank: int) -> tuple[int, int]:

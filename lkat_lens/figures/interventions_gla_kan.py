@@ -1,6 +1,6 @@
 """Figures of the GLA and KAN interventions: gate clamps per [block × head], state cuts per [block × position], the
-KAN prune curve and the symbolic-swap table; and the patching maps ([block × position], on the image grid, and
-[block × head]) the explorer's Interventions tab shows."""
+KAN prune curve and the symbolic-swap table; and one block's residual patching map drawn over the image (the
+explorer's Interventions tab; figures/interventions.py draws every block's)."""
 
 from __future__ import annotations
 
@@ -126,38 +126,6 @@ def symbolic_swap_figure(result: SymbolicSwapResult, title: str = "") -> go.Figu
         width=900,
         height=120 + 30 * len(edges),
         margin={"t": 60, "b": 10},
-    )
-    return fig
-
-
-def patching_heatmap(result: PatchingResult, title: str = "") -> go.Figure:
-    """A patching result as its [block × unit] map (the normalised metric: 1 = as clean, 0 = as corrupted)."""
-    if result.axes[1] == "position" and result.layout:
-        names = {
-            p: f"{kind[:-1] if kind.endswith('s') else kind} {i}"
-            for kind, ps in result.layout.items()
-            for i, p in enumerate(ps)
-        }
-        units = [names.get(u, str(u)) for u in result.units]
-    else:
-        units = [str(u) for u in result.units]
-    fig = go.Figure(
-        go.Heatmap(
-            z=as_plot_values(result.values),
-            x=units,
-            y=[str(b) for b in result.blocks],
-            colorbar={"title": "restored"},
-            hovertemplate="block %{y} " + result.axes[1] + " %{x}<br>restored %{z:.3f}<extra></extra>",
-            **SIGNED,
-        )
-    )
-    fig.update_yaxes(title_text="block", autorange="reversed")
-    fig.update_xaxes(title_text=result.axes[1])
-    fig.update_layout(
-        title=title or f"patching {result.point} per [block × {result.axes[1]}] ({result.metric})",
-        template=TEMPLATE,
-        width=900 if result.axes[1] == "position" else 500,
-        height=max(300, 24 * len(result.blocks) + 160),
     )
     return fig
 

@@ -88,7 +88,10 @@ def activation_patching(
     clean = on_model(model, clean if clean.dim() == 4 else clean[None])
     if isinstance(corrupted, str):
         corrupted = corrupt(clean, corrupted, patch_size=patch_size(model), seed=seed)
-    corrupted = on_model(model, corrupted if corrupted.dim() == 4 else corrupted[None]).expand_as(clean)
+    corrupted = on_model(model, corrupted if corrupted.dim() == 4 else corrupted[None])
+    if corrupted.shape[1:] != clean.shape[1:] or len(corrupted) not in (1, len(clean)):
+        raise ValueError(f"corrupted images {tuple(corrupted.shape)} do not pair with clean {tuple(clean.shape)}")
+    corrupted = corrupted.expand_as(clean)
     with eval_mode(model), torch.no_grad(), full_fp32():
         clean_logits, cache = model.run_with_cache(clean, names_filter=names)
         corrupt_logits = model(corrupted)

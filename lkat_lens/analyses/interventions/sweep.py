@@ -61,6 +61,10 @@ class LogitMetric:
     ) -> LogitMetric:
         """The metric `name` ("logit_diff" or "logit"); the foil defaults to the top class of `rival_logits`
         other than the target."""
+        classes = rival_logits.shape[-1]
+        for given in (target, foil):
+            if given is not None and not ((given >= 0) & (given < classes)).all():
+                raise ValueError(f"class {given.tolist()} out of range: the model has classes 0..{classes - 1}")
         if name == "logit":
             return cls(target)
         if name != "logit_diff":

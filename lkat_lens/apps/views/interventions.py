@@ -10,6 +10,7 @@ from dash import Input, Output, dcc, html
 
 from lkat_lens.analyses.interventions.corruptions import CORRUPTIONS
 from lkat_lens.apps.state import CheckpointState, ExplorerState
+from lkat_lens.figures import interventions as patching_figures_of
 from lkat_lens.figures import interventions_gla_kan as intervention_figures
 
 from .common import block_message, fill_panes, graph, head_of, message_figure, require_tab
@@ -87,8 +88,8 @@ def patching_figures(ckpt: CheckpointState, block: int, image: int, corruption: 
                 title=f"block {block}: residual patched per patch ({subject}; 1 = clean restored)",
             ),
         ),
-        intervention_figures.patching_heatmap(positions, title=f"residual stream per [block × position] ({subject})"),
-        intervention_figures.patching_heatmap(heads, title=f"head outputs per [block × head] ({subject})"),
+        patching_figures_of.patching_figure(positions, title=f"residual stream per [block × position] ({subject})"),
+        patching_figures_of.patching_figure(heads, title=f"head outputs per [block × head] ({subject})"),
     ]
 
 
