@@ -13,9 +13,11 @@ import torch.nn.functional as F
 from tolerance import assert_close
 
 from lkat_lens.analyses.edge_functions import fit_edge
+from lkat_lens.analyses.interventions import edges as edges_module
 from lkat_lens.analyses.interventions.edges import (
     EdgeAblation,
     EdgeSwap,
+    edge_contributions,
     layer_importance,
     prune_masks,
     prune_sweep,
@@ -292,3 +294,14 @@ def test_symbolic_swap_reports_fits_and_agrees_with_single_swaps(strong_kan, ima
     table = symbolic_swap_figure(found).data[0].cells.values
     assert list(table[0]) == [f"φ[{q},{p}]" for q, p in found.edges] + ["all together"]
     assert list(table[2][:2]) == found.formulas
+
+
+def test_edge_contributions_in_small_chunks_equal_one_pass(tokens, monkeypatch):
+    layer = kan_layer("edge")
+    mask = torch.rand(5, 6, generator=torch.Generator().manual_seed(7)) < 0.5
+    whole = edge_contributions(layer, mask, tokens)
+    monkeypatch.setattr(edges_module, "CHUNK_ELEMENTS", 7)  # a few tokens per chunk
+    assert_close(edge_contributions(layer, mask, tokens), whole, atol=1e-13, rtol=1e-13)
+    keep = ~mask
+    clean = by_hand(layer, tokens, torch.ones_like(mask))
+    assert_close(clean - whole, by_hand(layer, tokens, keep), atol=1e-6, rtol=1e-6)  # the layer's fp32 LayerNorm

@@ -39,6 +39,7 @@ __all__ = [
     "symbolic_swap",
 ]
 
+CHUNK_ELEMENTS = 1 << 24  # float64 basis values per chunk of tokens (128 MiB)
 Curve = Callable[[torch.Tensor], torch.Tensor]  # float64 x -> float64 f(x), elementwise (a SymbolicFit is one)
 
 
@@ -83,12 +84,17 @@ def edge_contributions(layer: KANLayer, mask: torch.Tensor, x: torch.Tensor) -> 
     layer input x [..., in]: float64 [..., out]."""
     mask = mask.to(x.device)
     inputs = mask.any(0).nonzero().flatten()
-    x_in = layer.edge_input(x)[..., inputs]
-    coefficients = layer.spline_coefficients(slice(None), inputs) * mask[:, inputs, None]  # [out, P, G]
-    part = layer.basis_values(x_in).flatten(-2) @ coefficients.flatten(1).T
-    if layer.base_weight is not None:
-        part = part + F.silu(x[..., inputs].detach().double()) @ (layer.base_weight[0][:, inputs] * mask[:, inputs]).T
-    return part
+    coefficients = (layer.spline_coefficients(slice(None), inputs) * mask[:, inputs, None]).flatten(1).T  # [P G, out]
+    base = None if layer.base_weight is None else (layer.base_weight[0][:, inputs] * mask[:, inputs]).T
+    tokens = x.reshape(-1, x.shape[-1])
+    rows = max(1, CHUNK_ELEMENTS // max(1, inputs.numel() * layer.num_grids))
+    parts = []
+    for chunk in tokens.split(rows):  # the basis values [rows, P, G] of a chunk stay under CHUNK_ELEMENTS
+        part = layer.basis_values(layer.edge_input(chunk)[:, inputs]).flatten(-2) @ coefficients
+        if base is not None:
+            part = part + F.silu(chunk[:, inputs].detach().double()) @ base
+        parts.append(part)
+    return torch.cat(parts).reshape(*x.shape[:-1], layer.out_features)
 
 
 class EdgeAblation:
