@@ -6,8 +6,8 @@ the patch grid), then registers, then the class token, so the class token reads 
 
 - `GateClamp` sets log α of one head (or one key channel of it, or every head) to log α for every token: 0 for
   α = 1, CLOSED_LOG_GATE for α = 0. Either way the block then mixes through its exact implicit attention
-  (`hook_pattern` is hooked; kernels/gla.py computes it from fp64 prefix sums), so no chunked kernel ever takes exp
-  of a difference of huge cumulative sums (fla's chunk kernels could give inf * 0 = nan there).
+  (`hook_pattern` is hooked; kernels/gla.py computes it from fp64 prefix sums), so no chunked form (torch's or
+  fla's) takes exp of differences of its fp32 cumulative sums of the clamped gates (log α = -inf gives nan there).
 - `StateCut` at position p: targets t >= p read nothing of sources s < p (the entries A[t, s] of the implicit
   attention are zeroed, which is S_{p-1} := 0 in the recurrence). With `through_convs` (default) the short causal
   convolutions on q, k and v are cut too (their outputs at t >= p are recomputed from inputs zeroed before p), so
