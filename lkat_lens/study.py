@@ -26,6 +26,11 @@ from .analyses.batching import batches, full_fp32, on_model
 from .analyses.edge_functions import EdgeCurves, EdgeFunctionSummary, EdgeImportance, LayerStatistics
 from .analyses.gates import GateStats
 from .analyses.interventions import AblationResult, DirectLogitAttribution, LogitLens, PatchingResult
+from .analyses.interventions import edges as edge_interventions
+from .analyses.interventions import gates as gate_interventions
+from .analyses.interventions.edges import EdgeAblation, PruneCurve, SymbolicSwapResult
+from .analyses.interventions.effects import intervened_logits
+from .analyses.interventions.gates import GateClamp, GateClampSweep
 from .analyses.probes import ProbeResults
 from .analyses.symbolic import SymbolicFitResult
 from .analyses.tokens import TokenNorms
@@ -439,6 +444,102 @@ class Study:
         return self.cached(
             ("logit_lens", image, target), lambda: interventions.logit_lens(self.model, self.images(image), target)
         )
+
+    # ------------------------------------------------------------------- interventions: GLA gates, KAN edges
+
+    @property
+    def gla_blocks(self) -> list[int]:
+        """The blocks with GLA forget gates (gate clamps and state cuts apply there)."""
+        return parts.gla_blocks(self.model)
+
+    def gate_clamps(self) -> GateClampSweep | None:
+        """Every GLA head (and block) with its forget gate clamped to α = 1 and to α = 0, on the sample; None
+        without GLA gates."""
+        if not self.has_gates:
+            return None
+        return self.cached(
+            ("gate_clamps",),
+            lambda: gate_interventions.gate_clamp_sweep(
+                self.model, self.sample.images, self.sample.labels, batch_size=self.defaults.batch_size
+            ),
+        )
+
+    def kan_importance(self) -> dict[str, EdgeImportance]:
+        """Every KAN layer's edge importance on the sample, by module name."""
+        stats = self.layer_statistics()
+        layers = parts.kan_layers(self.model)
+        return self.cached(
+            ("kan_importance",),
+            lambda: {name: edge_functions.edge_importance(layer, stats[name]) for name, layer in layers.items()},
+        )
+
+    def prune_curve(self) -> PruneCurve | None:
+        """Accuracy and label-logit change on the sample against the share of KAN edges pruned (every KAN layer
+        pruned below each threshold of its largest edge importance); None without KAN layers."""
+        if not self.has_kan:
+            return None
+        importance = self.kan_importance()
+        return self.cached(
+            ("prune_curve",),
+            lambda: edge_interventions.prune_sweep(
+                self.model,
+                self.sample.images,
+                self.sample.labels,
+                importance=importance,
+                batch_size=self.defaults.batch_size,
+            ),
+        )
+
+    def symbolic_swap(self, block: int, layer: str, k: int = 5) -> SymbolicSwapResult:
+        """The block layer's k most important edges swapped for their symbolic fits (those of `edge_fit`), alone
+        and together, on the sample."""
+        name = self.block_layers(block)[layer]
+        importance = self.kan_importance()[name]
+        fits = {(q, p): self.edge_fit(block, layer, (q, p))[1].best for q, p, _ in importance.top_edges(k)}
+        return self.cached(
+            ("symbolic_swap", name, k),
+            lambda: edge_interventions.symbolic_swap(
+                self.model,
+                self.sample.images,
+                self.sample.labels,
+                name,
+                k,
+                fits,
+                importance,
+                batch_size=self.defaults.batch_size,
+            ),
+        )
+
+    def top_edge(self, block: int, layer: str, rank: int) -> tuple[int, int]:
+        """The (q, p) of the block layer's edge of importance rank `rank` (0 = most important)."""
+        top = self.kan_importance()[self.block_layers(block)[layer]].top_edges(rank + 1)
+        if rank >= len(top):
+            raise ValueError(f"block {block} {layer} has {len(top)} edges; no edge of rank {rank}")
+        return top[rank][:2]
+
+    def intervened_predictions(
+        self,
+        image: int,
+        clamp: tuple[int, int | None, float] | None = None,
+        ablation: tuple[int, str, int] | None = None,
+        k: int = 5,
+    ) -> list[tuple[str, float]]:
+        """The top-k classes of a sample image with a gate clamp (block, head or None for all, α) and/or an edge
+        ablation (block, layer, importance rank of the edge) applied."""
+        interventions = []
+        if clamp is not None:
+            interventions.append(GateClamp(clamp[0], clamp[1], None, clamp[2]))
+        if ablation is not None:
+            block, layer, rank = ablation
+            edge = self.top_edge(block, layer, rank)
+            interventions.append(EdgeAblation.edges(self.model, self.block_layers(block)[layer], [edge]))
+
+        def compute() -> list[tuple[str, float]]:
+            probs = intervened_logits(self.model, self.images(image), *interventions).softmax(-1)[0]
+            values, index = probs.topk(min(k, probs.numel()))
+            return [(self.class_name(i), v) for i, v in zip(index.tolist(), values.tolist(), strict=True)]
+
+        return self.cached(("intervened_predictions", image, clamp, ablation, k), compute)
 
     # --------------------------------------------------------------------------------------------- card
 

@@ -576,3 +576,22 @@ def test_oversized_upload_shows_error(browser, tmp_path: Path):
     duo.find_element("#upload input[type=file]").send_keys(str(big))
     duo.wait_for_contains_text("#upload-message", "big.png: 3.0 MiB is over the 2 MiB upload limit", timeout=30)
     assert_no_console_errors(duo)
+
+
+@needs_browser
+def test_interventions_tab_toggles_a_gate_clamp_and_the_predictions_change(browser):
+    duo = browser
+    open_page(duo, "?block=0&head=0")
+    open_tab(duo, "Interventions")
+    duo.wait_for_contains_text("#intervened-predictions", "with no intervention", timeout=60)
+    clean = duo.find_element("#topk-clean").text
+    assert duo.find_element("#topk-intervened").text == clean
+    duo.find_element("#clamp input[value='α = 0 (forget at once)']").click()
+    duo.wait_for_contains_text("#intervened-predictions", "with block 0 head 0 α = 0", timeout=60)
+    assert len(duo.find_elements("#topk-intervened li")) == 5
+    assert duo.find_element("#topk-intervened").text != clean
+    assert duo.find_element("#topk-clean").text == clean
+    for graph_id, kind in [("patching-grid", "heatmap"), ("patching-heads", "heatmap"), ("clamp-sweep", "heatmap")]:
+        assert kind in graph_data(duo, graph_id)
+    assert "table" in graph_data(duo, "swap-table") and "scatter" in graph_data(duo, "prune-curve")
+    assert_no_console_errors(duo)

@@ -1,7 +1,7 @@
 """The explorer's tabs: each module lays out one view and registers its callbacks."""
 
-from . import attributions, edges, gates, overview, probes, tokens, training
+from . import attributions, edges, gates, interventions, overview, probes, tokens, training
 
-VIEWS = (overview, edges, gates, tokens, attributions, probes, training)
+VIEWS = (overview, edges, gates, tokens, attributions, probes, interventions, training)
 
-__all__ = ["VIEWS", "attributions", "edges", "gates", "overview", "probes", "tokens", "training"]
+__all__ = ["VIEWS", "attributions", "edges", "gates", "interventions", "overview", "probes", "tokens", "training"]
