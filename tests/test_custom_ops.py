@@ -168,3 +168,46 @@ def test_lkat_micro_compiles_without_graph_breaks():
     explained = torch._dynamo.explain(step)(x)
     torch._dynamo.reset()
     assert explained.graph_break_count == 0 and explained.graph_count == 1, explained.break_reasons
+
+
+@pytest.fixture(scope="module")
+def gla_layer() -> torch.nn.Module:
+    """The first GLA layer of a seeded lkat_micro."""
+    torch.manual_seed(0)
+    return lkat_lens.create_model("lkat_micro", num_classes=10).blocks[0].attn
+
+
+def test_stacked_projection_is_the_five_linears(gla_layer):
+    """VisionGLA.project (one matmul of stacked weights) equals q/k/v/g_proj and gk_proj[0] applied one by one."""
+    x = torch.randn(2, 21, 64)
+    linears = (gla_layer.q_proj, gla_layer.k_proj, gla_layer.v_proj, gla_layer.g_proj, gla_layer.gk_proj[0])
+    for got, linear in zip(gla_layer.project(x), linears, strict=True):
+        want = linear(x)
+        assert got.shape == want.shape and torch.allclose(got, want, rtol=1e-5, atol=1e-6 * want.abs().max().item())
+
+
+def copies_of_shape(fn, shape: list[int]) -> int:
+    """How many dtype copies (aten::_to_copy) of a tensor of `shape` fn makes (torch.profiler)."""
+    with torch.profiler.profile(record_shapes=True) as prof:
+        fn()
+    events = prof.key_averages(group_by_input_shape=True)
+    return sum(e.count for e in events if e.key == "aten::_to_copy" and e.input_shapes[:1] == [shape])
+
+
+def test_gla_layer_under_autocast_casts_its_input_once_and_keeps_the_output_path_in_bf16(gla_layer):
+    """Under bf16 autocast the fp32 input is cast once (not once per projection), the gated norm runs in bf16
+    (no fp32 round trip of o); the output agrees with the fp32 layer to bf16 accuracy."""
+    x = torch.randn(2, 21, 64)
+
+    def forward():
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            return gla_layer(x)
+
+    assert copies_of_shape(forward, [2, 21, 64]) == 1
+    out, exact = forward(), gla_layer(x)
+    assert out.dtype == torch.bfloat16 and rel(out, exact) < 3e-2
+    o, g = torch.randn(2, 21, 2, 32).bfloat16(), torch.randn(2, 21, 64).bfloat16()
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        fused = gla_layer.gated_norm(o, g)
+    unfused = gla_layer.g_norm(o.float()).flatten(-2) * F.silu(g.float())
+    assert fused.dtype == torch.bfloat16 and rel(fused, unfused) < 1e-2
