@@ -1,14 +1,18 @@
 """Our kernels as torch custom ops (issue 19): registrations, CPU values against independent references, and
-torch.compile tracing a whole LKAT with no graph break. The CUDA side is tests/gpu/test_compile_gpu.py."""
+torch.compile tracing a whole LKAT with no graph break. The CUDA side is tests/gpu/test_compile_gpu.py.
+
+The Triton paths' registrations are checked under the Triton interpreter, in a child process with TRITON_INTERPRET=1
+unless this one runs that way (tests/triton_interpreter.py)."""
 
 from __future__ import annotations
 
 import pytest
 import torch
 import torch.nn.functional as F
+import triton_interpreter
 
 import lkat_lens
-from lkat_lens.kernels import gla_fla, kan_linear, rbf
+from lkat_lens.kernels import gla_fla, kan_linear, kan_triton, rbf
 from lkat_lens.kernels.gla import gla_recurrent
 
 GRID = (-2.0, 2.0)
@@ -88,6 +92,33 @@ def test_fused_kan_ops_on_cpu_match_autograd_of_the_references():
         for got, want in zip(torch.autograd.grad(y, inputs, dy), torch.autograd.grad(y_ref, inputs, dy), strict=True):
             assert rel(got, want) < 1e-12, name
         assert rel(y, y_ref) < 1e-14, name
+
+
+def interpreter_opchecks() -> dict:
+    """opcheck's results for the ops on their Triton paths (needs TRITON_INTERPRET=1 before triton was imported)."""
+    torch.manual_seed(0)
+    x = torch.randn(3, 5, 6, requires_grad=True)
+    x16 = torch.randn(5, 3, 6, dtype=torch.bfloat16).transpose(0, 1).requires_grad_()
+    cases = {
+        "rbf shared, bf16 out": (rbf._rbf_op, (x, torch.randn(1, 4, requires_grad=True), *GRID, True, torch.bfloat16)),
+        "rbf channel, strided bf16 x": (
+            rbf._rbf_op,
+            (x16, torch.randn(6, 4, requires_grad=True), *GRID, True, x16.dtype),
+        ),
+        "fused kan": (
+            kan_linear._kan_fused_op,
+            (x, torch.randn(6, 4, requires_grad=True), torch.randn(3, 6, requires_grad=True), *GRID),
+        ),
+        "fused edge": (kan_linear._edge_fused_op, (x, torch.randn(3, 24, requires_grad=True), *GRID, 4)),
+    }
+    return {name: torch.library.opcheck(op, args) for name, (op, args) in cases.items()}
+
+
+def test_triton_paths_registrations_under_the_interpreter():
+    results = triton_interpreter.measurements(__file__, kan_triton.INTERPRET, interpreter_opchecks)
+    assert len(results) == 4
+    for name, checks in results.items():
+        assert set(checks.values()) == {"SUCCESS"}, (name, checks)
 
 
 @pytest.fixture(scope="module")
@@ -211,3 +242,7 @@ def test_gla_layer_under_autocast_casts_its_input_once_and_keeps_the_output_path
         fused = gla_layer.gated_norm(o, g)
     unfused = gla_layer.g_norm(o.float()).flatten(-2) * F.silu(g.float())
     assert fused.dtype == torch.bfloat16 and rel(fused, unfused) < 1e-2
+
+
+if __name__ == "__main__":
+    triton_interpreter.report(interpreter_opchecks)
