@@ -1,5 +1,7 @@
 """fla's GLA kernels (`chunk_gla`, `fused_recurrent_gla`) as torch custom ops, so torch.compile keeps them in its graph.
 
+Opaque ops keep inductor out of fla's Triton kernels (recompiling them failed on `fused_recurrent_bwd_kernel`
+with torch 2.11 / Triton 3.6, which is why they ran under torch.compiler.disable, a graph break, before).
 Each mode is a forward op and a backward op (layout and gates as in `kernels.gla`; outputs in q's dtype,
 gradients in their operand's dtype). Only q, k, v and gk are saved. The chunk backward recomputes what fla's own
 autograd function keeps from its forward (the chunk-local gate cumsum and the intra-chunk scores A, which fla
