@@ -19,8 +19,8 @@ step() {  # step NAME SECONDS COMMAND...: under timeout (at most what is left), 
   tail -n "${TAIL:-12}" "$OUT/$name.log"
 }
 
-step test_compile_gpu 200 python3 -m pytest -q -m gpu -p no:cacheprovider -s tests/gpu/test_compile_gpu.py
-step bench_model_compare 260 python3 benchmarks/bench_model.py --compare --sizes tiny \
+step test_compile_gpu 230 python3 -m pytest -q -m gpu -p no:cacheprovider -s tests/gpu/test_compile_gpu.py
+step bench_model_compare 250 python3 benchmarks/bench_model.py --compare --sizes tiny \
   --compile-modes eager default reduce-overhead --warmup 3 --iters 10 --out "$OUT/bench_model_compare.json"
 step test_lkat_gpu 90 python3 -m pytest -q -m gpu -p no:cacheprovider -s tests/gpu/test_lkat_gpu.py
 step test_kan_gemm_gpu 120 python3 -m pytest -q -m gpu -p no:cacheprovider tests/gpu/test_kan_gemm_gpu.py
