@@ -3,6 +3,8 @@
     python benchmarks/bench_model.py                                # main table at 224², eager
     python benchmarks/bench_model.py --sizes small --attn short chunk --compile on   # compiled rows
     python benchmarks/bench_model.py --sweep                         # LKAT-S vs ViT-S, 224² to 2048²
+    python benchmarks/bench_model.py --compare --sizes tiny          # LKAT-T vs ViT-T, eager and compiled, profiled
+    python benchmarks/bench_model.py --compare --tiny --device cpu --batch 4 --img-size 16   # the same on a CPU
 
 Main table, per size (tiny/small/base): timm's vit_<size>_patch16_224 (SDPA attention), LKAT with each GLA
 mode of --attn, and the configuration the paper's code runs (fla's fused_recurrent GLA and the unfused
@@ -12,6 +14,11 @@ synthetic data already on the GPU; inference is a bf16-autocast forward without 
 ratios to the ViT of its size (same compile setting) and to the paper configuration of its size.
 The sweep keeps tokens x batch near --sweep-tokens and reports per-image numbers and the crossover
 resolution where LKAT-S starts to train (and infer) faster than ViT-S.
+--compare (issue 19) measures, per size, ViT and LKAT (GLA mode --attn[0]) under each --compile-modes setting
+("eager", or a torch.compile mode with fullgraph=True: any graph break fails the row): train and inference
+images/s, peak memory per image, and one profiled training step and inference (profile_step.py: kernel launches,
+GPU-busy fraction, the share of dtype copies, the top ops), with LKAT's ratios to ViT. --tiny compares lkat_micro
+with a ViT of its size (16², patch 4, 64-d, 4 blocks), so that the mode runs on a CPU in seconds.
 A configuration that runs out of memory (or fails) is recorded with its error and skipped.
 Writes JSON (benchmarks/results/ unless --out) and prints markdown.
 """
@@ -22,12 +29,14 @@ import argparse
 import gc
 import json
 import math
+import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import timm
 import torch
 from common import environment  # benchmarks/ is the script folder
+from profile_step import profile_step
 
 import lkat_lens
 
@@ -250,6 +259,172 @@ def print_sweep(result: dict) -> None:
     print(f"crossover (LKAT-S reaches ViT-S images/s): {result['crossover']}")
 
 
+COMPILE_MODES = ("eager", "default", "reduce-overhead", "max-autotune-no-cudagraphs")
+TINY_VIT = dict(patch_size=4, embed_dim=64, depth=4, num_heads=2)  # lkat_micro's size
+
+
+def compared_models(size: str, tiny: bool) -> list[tuple[str, str, dict]]:
+    """(label, registry name, create kwargs) of the ViT and the LKAT compared at a size."""
+    if tiny:
+        return [("ViT-micro", "vit_tiny_patch16_224", TINY_VIT), ("LKAT-micro", "lkat_micro", {})]
+    return [
+        (f"ViT-{SIZES[size]}", f"vit_{size}_patch16_224", {}),
+        (f"LKAT-{SIZES[size]}", f"lkat_{size}_patch16_224", {}),
+    ]
+
+
+def wall_ms(fn, warmup: int, iters: int, device: str) -> float:
+    """Median milliseconds per call: CUDA events on a GPU, perf_counter elsewhere."""
+    if device == "cuda":
+        return time_ms(fn, warmup, iters)
+    for _ in range(warmup):
+        fn()
+    times = []
+    for _ in range(iters):
+        start = time.perf_counter()
+        fn()
+        times.append((time.perf_counter() - start) * 1e3)
+    return sorted(times)[len(times) // 2]
+
+
+def peak_gib(device: str) -> float | None:
+    """Peak allocated GPU memory since the last reset (None on a CPU)."""
+    return torch.cuda.max_memory_allocated() / 2**30 if device == "cuda" else None
+
+
+def reset_peak(device: str) -> None:
+    if device == "cuda":
+        torch.cuda.reset_peak_memory_stats()
+
+
+def compare_measure(name: str, kwargs: dict, attn: str, mode: str, args: argparse.Namespace) -> dict:
+    """Train/inference speed, peak memory and one profiled step of each, for one model and compile mode."""
+    device, batch, img = args.device, args.batch, args.img_size
+    torch.manual_seed(0)
+    if name.startswith("lkat"):
+        model = lkat_lens.create_model(name, num_classes=1000, img_size=img, **kwargs).set_backends(attn=attn)
+    else:
+        model = timm.create_model(name, pretrained=False, num_classes=1000, img_size=img, **kwargs)
+    model = model.to(device)
+    run = model if mode == "eager" else torch.compile(model, mode=mode, fullgraph=True)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-4, fused=device == "cuda")
+    x = torch.randn(batch, 3, img, img, device=device)
+    y = torch.randint(0, 1000, (batch,), device=device)
+    graphs = mode == "reduce-overhead"
+
+    def train_step():
+        if graphs:
+            torch.compiler.cudagraph_mark_step_begin()
+        with torch.autocast(device, dtype=torch.bfloat16):
+            loss = torch.nn.functional.cross_entropy(run(x), y)
+        loss.backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+
+    def infer():
+        if graphs:
+            torch.compiler.cudagraph_mark_step_begin()
+        with torch.no_grad(), torch.autocast(device, dtype=torch.bfloat16):
+            run(x)
+
+    row: dict = {"params_M": sum(p.numel() for p in model.parameters()) / 1e6}
+    for phase, fn, train in (("train", train_step, True), ("infer", infer, False)):
+        model.train(train)
+        reset_peak(device)
+        ms = wall_ms(fn, args.warmup, args.iters, device)
+        peak = peak_gib(device)
+        row |= {f"{phase}_ms": ms, f"{phase}_img_s": batch / ms * 1e3, f"{phase}_peak_GiB": peak}
+        row[f"{phase}_peak_MiB_per_image"] = None if peak is None else peak * 1024 / batch
+        row[f"{phase}_profile"] = profile_step(fn, device)
+    return row
+
+
+def compare_ratios(rows: list[dict]) -> None:
+    """Each LKAT row over the ViT of its size: same compile mode, and eager."""
+    for r in rows:
+        if "error" in r or not r["model"].startswith("lkat"):
+            continue
+        for ref_mode, suffix in ((r["compile"], "vit"), ("eager", "vit_eager")):
+            ref = next(
+                (
+                    v
+                    for v in rows
+                    if v.get("pair") == r["pair"]
+                    and v["compile"] == ref_mode
+                    and v is not r
+                    and "error" not in v
+                    and v["model"].startswith("vit")
+                ),
+                None,
+            )
+            if ref is None:
+                continue
+            for phase in ("train", "infer"):
+                r[f"{phase}_x_{suffix}"] = r[f"{phase}_img_s"] / ref[f"{phase}_img_s"]
+            if suffix == "vit":
+                mine, theirs = r["train_profile"], ref["train_profile"]
+                if mine["device_kernels"] is not None:
+                    r["train_kernels_x_vit"] = mine["device_kernels"] / max(theirs["device_kernels"], 1)
+                if r["train_peak_GiB"] is not None:
+                    r["train_memory_x_vit"] = r["train_peak_GiB"] / ref["train_peak_GiB"]
+
+
+def compare(args: argparse.Namespace, out: Path) -> list[dict]:
+    """The --compare rows; the JSON at `out` is rewritten after every row."""
+    rows: list[dict] = []
+    for size in args.sizes[:1] if args.tiny else args.sizes:
+        for mode in args.compile_modes:  # modes outside: a run cut short keeps both models of the first modes
+            for label, name, kwargs in compared_models(size, args.tiny):
+                attn = args.attn[0] if name.startswith("lkat") else None
+                row = {"label": label, "model": name, "pair": size, "attn": attn, "compile": mode}
+                row |= {"batch": args.batch, "img_size": args.img_size, "device": args.device}
+                start = time.perf_counter()
+                try:
+                    row |= compare_measure(name, kwargs, attn, mode, args)
+                except Exception as error:  # record it and go on with the other rows
+                    row["error"] = f"{type(error).__name__}: {str(error).splitlines()[0][:300]}"
+                finally:
+                    gc.collect()
+                    torch.compiler.reset()
+                    if args.device == "cuda":
+                        torch.cuda.empty_cache()
+                row["seconds"] = time.perf_counter() - start
+                rows.append({**row, **environment()})
+                compare_ratios(rows)
+                out.write_text(json.dumps(rows, indent=2))
+                print(f"{label} {mode}: {row.get('error') or _summary(row)}", flush=True)
+    return rows
+
+
+def _summary(row: dict) -> str:
+    prof = row["train_profile"]
+    busy = "" if prof["gpu_busy"] is None else f", {prof['device_kernels']} kernels, GPU busy {prof['gpu_busy']:.0%}"
+    return (
+        f"train {row['train_img_s']:.4g} img/s, infer {row['infer_img_s']:.4g} img/s{busy}, "
+        f"copies {prof['copy_share']:.1%} of the step's device time"
+    )
+
+
+def print_compare(rows: list[dict]) -> None:
+    """The --compare table as markdown."""
+    print(
+        "| model | compile | train img/s | infer img/s | train × ViT | infer × ViT | train × ViT eager "
+        "| kernels / step | launch calls | GPU busy | copy share | MiB / image (train) | GPU |"
+    )
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|")
+    for r in rows:
+        if "error" in r:
+            print(f"| {r['label']} | {r['compile']} | {r['error']} |||||||||||")
+            continue
+        p = r["train_profile"]
+        cells = [f"{r[k]:.2f}×" if k in r else "—" for k in ("train_x_vit", "infer_x_vit", "train_x_vit_eager")]
+        busy = "—" if p["gpu_busy"] is None else f"{p['gpu_busy']:.0%}"
+        mem = "—" if r["train_peak_MiB_per_image"] is None else f"{r['train_peak_MiB_per_image']:.1f}"
+        speed = f"{r['train_img_s']:.4g} | {r['infer_img_s']:.4g} | {' | '.join(cells)}"
+        work = f"{p['device_kernels'] or '—'} | {p['launch_calls'] or '—'} | {busy} | {p['copy_share']:.1%}"
+        print(f"| {r['label']} | {r['compile']} | {speed} | {work} | {mem} | {r['gpu']} |")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--sizes", nargs="+", default=list(SIZES), choices=list(SIZES))
@@ -267,12 +442,19 @@ def main() -> None:
     parser.add_argument("--sweep", action="store_true", help="resolution sweep of LKAT-S and ViT-S instead")
     parser.add_argument("--sweep-sizes", nargs="+", type=int, default=[224, 512, 1024, 1536, 2048])
     parser.add_argument("--sweep-tokens", type=int, default=128 * 196, help="patch tokens per batch in the sweep")
+    parser.add_argument("--compare", action="store_true", help="LKAT vs ViT, eager and compiled, profiled (issue 19)")
+    parser.add_argument("--compile-modes", nargs="+", default=["eager", "default"], choices=COMPILE_MODES)
+    parser.add_argument("--tiny", action="store_true", help="--compare lkat_micro with a ViT of its size")
+    parser.add_argument("--device", default="cuda", choices=["cuda", "cpu"], help="--compare only")
     parser.add_argument("--out", type=Path, default=None)
     args = parser.parse_args()
     env = environment()
-    name = "bench_model_sweep" if args.sweep else "bench_model"
+    name = "bench_model_sweep" if args.sweep else "bench_model_compare" if args.compare else "bench_model"
     out = args.out or RESULTS / f"{name}-{env['gpu'].replace(' ', '_')}-{env['date']}.json"
     out.parent.mkdir(parents=True, exist_ok=True)
+    if args.compare:
+        print_compare(compare(args, out))
+        return
     if args.sweep:
         print_sweep(sweep(args, out))
         return

@@ -18,6 +18,8 @@ Dispatcher modes (`gated_linear_attention`):
 - "torch": `gla_chunked` with TORCH_CHUNK_SIZE, the exact torch form (the fastest chunk size measured on CPU).
   Inputs on the CPU always take this path, whatever the mode, since fla's Triton kernels cannot run there
   (fla is imported only when a CUDA path is taken).
+fla's kernels and "short" run as torch custom ops (`kernels.gla_fla`, `kernels.gla_short`): torch.compile traces
+a GLA layer whole, with no graph break.
 """
 
 from __future__ import annotations
@@ -25,7 +27,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from . import gla_short
+from . import gla_fla, gla_short
 
 MODES = ("auto", "chunk", "fused_recurrent", "short", "torch")
 AUTO_RECURRENT_MAX_T = 64
@@ -175,7 +177,7 @@ def gated_linear_attention(
         mode = _auto_mode(q, v)
     if mode == "short":
         return gla_short.gla_short(q, k, v, gk, scale)
-    return _fla_gla(q, k, v, gk, scale, mode)
+    return gla_fla.fla_gla(q, k, v, gk, scale, mode)
 
 
 def _auto_mode(q: torch.Tensor, v: torch.Tensor) -> str:
@@ -184,18 +186,6 @@ def _auto_mode(q: torch.Tensor, v: torch.Tensor) -> str:
     if AUTO_SHORT and T <= AUTO_SHORT_MAX_T and gla_short.supports(q, v):
         return "short"
     return "fused_recurrent" if T <= AUTO_RECURRENT_MAX_T or q.dtype == torch.float32 else "chunk"
-
-
-@torch.compiler.disable
-def _fla_gla(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, gk: torch.Tensor, scale: float, mode: str):
-    """fla's kernel for `mode`, run eagerly: inductor cannot recompile fla's Triton kernels (it fails on
-    `fused_recurrent_bwd_kernel` with torch 2.11 / Triton 3.6), so `torch.compile` graph-breaks here."""
-    from fla.ops.gla import chunk_gla, fused_recurrent_gla
-
-    q, k, v, gk = (x.contiguous() for x in (q, k, v, gk))
-    if mode == "chunk":
-        return chunk_gla(q, k, v, gk, scale=scale)[0]
-    return fused_recurrent_gla(q, k, v, gk=gk, scale=scale)[0]
 
 
 def _prefix_sums(gk: torch.Tensor) -> torch.Tensor:

@@ -17,10 +17,16 @@ from typing import Any
 
 import torch
 import torch.nn.functional as F
-from torch.autograd.function import once_differentiable
 
 from .kan_dispatch import choose_path
-from .rbf import TRITON_DTYPES, rbf_basis, rbf_grid_linear, rbf_grid_linear_reference
+from .rbf import (
+    TRITON_DTYPES,
+    _scaled_offsets,
+    _torch_backward,
+    rbf_basis,
+    rbf_grid_linear,
+    rbf_grid_linear_reference,
+)
 
 try:
     from . import kan_triton
@@ -50,54 +56,196 @@ def _rows(t: torch.Tensor) -> torch.Tensor:
     return t.reshape(-1, t.shape[-1])
 
 
-class _FusedKAN(torch.autograd.Function):
-    """y = psi(x) W^T in the fused kernels; saves x and the parameters, recomputes psi in the backward."""
-
-    @staticmethod
-    def forward(
-        ctx: Any, x: torch.Tensor, grid_weight: torch.Tensor, weight: torch.Tensor, grid_min: float, grid_max: float
-    ) -> torch.Tensor:
-        ctx.save_for_backward(x, grid_weight, weight)
-        ctx.grid = (grid_min, grid_max)
-        y = kan_triton.kan_fwd(_rows(x), grid_weight, weight, grid_min, grid_max)
-        return y.view(*x.shape[:-1], weight.shape[0])
-
-    @staticmethod
-    @once_differentiable
-    def backward(ctx: Any, dy: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
-        x, grid_weight, weight = ctx.saved_tensors
-        need_x, need_gw, need_w = ctx.needs_input_grad[:3]
-        dx, dgw, dw = kan_triton.kan_bwd(
-            _rows(x), grid_weight, weight, _rows(dy), *ctx.grid, need_dx=need_x or need_gw, need_dw=need_w
-        )
-        return (
-            dx.view(x.shape) if need_x else None,
-            dgw.reshape(grid_weight.shape).to(grid_weight.dtype) if need_gw else None,
-            dw,
-            None,
-            None,
-        )
+# The fused kernels as torch custom ops (forward, backward), so that torch.compile keeps each in its graph as one
+# opaque call. A gradient that is not needed comes back as an empty tensor (custom ops return tensors only). On the
+# CPU without the Triton interpreter the ops compute the exact references (the backward by torch.func.vjp), so that
+# their registrations can be checked there (torch.library.opcheck).
 
 
-class _FusedEdgeKAN(torch.autograd.Function):
-    """y = Phi(x) W^T in the fused kernels; saves x and W, regenerates the basis in the backward."""
+def _interpreted() -> bool:
+    """Whether the Triton kernels run on CPU tensors here (the interpreter)."""
+    return kan_triton is not None and kan_triton.INTERPRET
 
-    @staticmethod
-    def forward(
-        ctx: Any, x: torch.Tensor, weight: torch.Tensor, grid_min: float, grid_max: float, num_grids: int
-    ) -> torch.Tensor:
-        ctx.save_for_backward(x, weight)
-        ctx.grid = (grid_min, grid_max, num_grids)
-        y = kan_triton.edge_fwd(_rows(x), weight, grid_min, grid_max, num_grids)
-        return y.view(*x.shape[:-1], weight.shape[0])
 
-    @staticmethod
-    @once_differentiable
-    def backward(ctx: Any, dy: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
-        x, weight = ctx.saved_tensors
-        need_x, need_w = ctx.needs_input_grad[:2]
-        dx, dw = kan_triton.edge_bwd(_rows(x), weight, _rows(dy), *ctx.grid, need_dx=need_x, need_dw=need_w)
-        return (dx.view(x.shape) if need_x else None), dw, None, None, None
+def _fp32_or_more(t: torch.Tensor) -> torch.Tensor:
+    """t in fp32, or as it is when fp64 (the CPU references' compute dtype)."""
+    return t if t.dtype == torch.float64 else t.float()
+
+
+def _empty(t: torch.Tensor) -> torch.Tensor:
+    """The stand-in for a gradient that was not asked for."""
+    return t.new_empty(0)
+
+
+@torch.library.custom_op("lkat_lens::kan_fused", mutates_args=())
+def _kan_fused_op(
+    x: torch.Tensor, grid_weight: torch.Tensor, weight: torch.Tensor, grid_min: float, grid_max: float
+) -> torch.Tensor:
+    """y = psi(x) W^T [..., out] in W's dtype, psi evaluated inside the matmul kernel."""
+    return _kan_fused_triton(x, grid_weight, weight, grid_min, grid_max)
+
+
+def _kan_fused_triton(x, grid_weight, weight, grid_min, grid_max):
+    y = kan_triton.kan_fwd(_rows(x), grid_weight, weight, grid_min, grid_max)
+    return y.view(*x.shape[:-1], weight.shape[0])
+
+
+@_kan_fused_op.register_kernel("cpu")
+def _kan_fused_cpu(x, grid_weight, weight, grid_min, grid_max):
+    if _interpreted():
+        return _kan_fused_triton(x, grid_weight, weight, grid_min, grid_max)
+    return kan_linear_reference(x, grid_weight, weight, grid_min, grid_max).contiguous()
+
+
+@_kan_fused_op.register_fake
+def _kan_fused_fake(x, grid_weight, weight, grid_min, grid_max):
+    return x.new_empty(*x.shape[:-1], weight.shape[0], dtype=weight.dtype)
+
+
+@torch.library.custom_op("lkat_lens::kan_fused_backward", mutates_args=())
+def _kan_fused_backward_op(
+    x: torch.Tensor,
+    grid_weight: torch.Tensor,
+    weight: torch.Tensor,
+    dy: torch.Tensor,
+    grid_min: float,
+    grid_max: float,
+    need_dx: bool,
+    need_dw: bool,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(dx, d grid_weight, dW) in the dtypes of x, grid_weight, W (empty where not needed); dx and d grid_weight
+    come together."""
+    return _kan_fused_backward_triton(x, grid_weight, weight, dy, grid_min, grid_max, need_dx, need_dw)
+
+
+def _kan_fused_backward_triton(x, grid_weight, weight, dy, grid_min, grid_max, need_dx, need_dw):
+    dx, dgw, dw = kan_triton.kan_bwd(
+        _rows(x), grid_weight, weight, _rows(dy), grid_min, grid_max, need_dx=need_dx, need_dw=need_dw
+    )
+    return (
+        dx.view(x.shape) if need_dx else _empty(x),
+        dgw.reshape(grid_weight.shape).to(grid_weight.dtype) if need_dx else _empty(grid_weight),
+        dw if need_dw else _empty(weight),
+    )
+
+
+@_kan_fused_backward_op.register_kernel("cpu")
+def _kan_fused_backward_cpu(x, grid_weight, weight, dy, grid_min, grid_max, need_dx, need_dw):
+    if _interpreted():
+        return _kan_fused_backward_triton(x, grid_weight, weight, dy, grid_min, grid_max, need_dx, need_dw)
+    x32, dy32 = _fp32_or_more(x), _fp32_or_more(dy)
+    dx, dgw = _torch_backward(x32, grid_weight, dy32 @ _fp32_or_more(weight), grid_min, grid_max)
+    dw = _rows(dy32).T @ _rows(rbf_grid_linear_reference(x32, grid_weight, grid_min, grid_max))
+    return (
+        dx.to(x.dtype) if need_dx else _empty(x),
+        dgw if need_dx else _empty(grid_weight),
+        dw.to(weight.dtype) if need_dw else _empty(weight),
+    )
+
+
+@_kan_fused_backward_op.register_fake
+def _kan_fused_backward_fake(x, grid_weight, weight, dy, grid_min, grid_max, need_dx, need_dw):
+    return (
+        x.new_empty(x.shape) if need_dx else _empty(x),
+        grid_weight.new_empty(grid_weight.shape) if need_dx else _empty(grid_weight),
+        weight.new_empty(weight.shape) if need_dw else _empty(weight),
+    )
+
+
+def _kan_setup_context(ctx: Any, inputs: tuple, output: torch.Tensor) -> None:
+    x, grid_weight, weight, grid_min, grid_max = inputs
+    ctx.save_for_backward(x, grid_weight, weight)
+    ctx.grid = (grid_min, grid_max)
+
+
+def _kan_backward(ctx: Any, dy: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
+    need_x, need_gw, need_w = ctx.needs_input_grad[:3]
+    dx, dgw, dw = _kan_fused_backward_op(*ctx.saved_tensors, dy, *ctx.grid, need_x or need_gw, need_w)
+    return (dx if need_x else None), (dgw if need_gw else None), (dw if need_w else None), None, None
+
+
+_kan_fused_op.register_autograd(_kan_backward, setup_context=_kan_setup_context)
+
+
+@torch.library.custom_op("lkat_lens::edge_fused", mutates_args=())
+def _edge_fused_op(
+    x: torch.Tensor, weight: torch.Tensor, grid_min: float, grid_max: float, num_grids: int
+) -> torch.Tensor:
+    """y = Phi(x) W^T [..., out] in W's dtype, the basis generated inside the matmul kernel."""
+    return _edge_fused_triton(x, weight, grid_min, grid_max, num_grids)
+
+
+def _edge_fused_triton(x, weight, grid_min, grid_max, num_grids):
+    y = kan_triton.edge_fwd(_rows(x), weight, grid_min, grid_max, num_grids)
+    return y.view(*x.shape[:-1], weight.shape[0])
+
+
+@_edge_fused_op.register_kernel("cpu")
+def _edge_fused_cpu(x, weight, grid_min, grid_max, num_grids):
+    if _interpreted():
+        return _edge_fused_triton(x, weight, grid_min, grid_max, num_grids)
+    return edge_linear_reference(x, weight, grid_min, grid_max, num_grids).contiguous()
+
+
+@_edge_fused_op.register_fake
+def _edge_fused_fake(x, weight, grid_min, grid_max, num_grids):
+    return x.new_empty(*x.shape[:-1], weight.shape[0], dtype=weight.dtype)
+
+
+@torch.library.custom_op("lkat_lens::edge_fused_backward", mutates_args=())
+def _edge_fused_backward_op(
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    dy: torch.Tensor,
+    grid_min: float,
+    grid_max: float,
+    num_grids: int,
+    need_dx: bool,
+    need_dw: bool,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """(dx, dW) in the dtypes of x and W (empty where not needed)."""
+    return _edge_fused_backward_triton(x, weight, dy, grid_min, grid_max, num_grids, need_dx, need_dw)
+
+
+def _edge_fused_backward_triton(x, weight, dy, grid_min, grid_max, num_grids, need_dx, need_dw):
+    dx, dw = kan_triton.edge_bwd(
+        _rows(x), weight, _rows(dy), grid_min, grid_max, num_grids, need_dx=need_dx, need_dw=need_dw
+    )
+    return (dx.view(x.shape) if need_dx else _empty(x)), (dw if need_dw else _empty(weight))
+
+
+@_edge_fused_backward_op.register_kernel("cpu")
+def _edge_fused_backward_cpu(x, weight, dy, grid_min, grid_max, num_grids, need_dx, need_dw):
+    if _interpreted():
+        return _edge_fused_backward_triton(x, weight, dy, grid_min, grid_max, num_grids, need_dx, need_dw)
+    t = _scaled_offsets(_fp32_or_more(x), grid_min, grid_max, num_grids)
+    phi = torch.exp(-t.square())
+    dphi = (_fp32_or_more(dy) @ _fp32_or_more(weight)).unflatten(-1, phi.shape[-2:])
+    dx = (dphi * phi * t).sum(-1) * (-2.0 * (num_grids - 1) / (grid_max - grid_min))
+    dw = _rows(_fp32_or_more(dy)).T @ _rows(phi.flatten(-2))
+    return (dx.to(x.dtype) if need_dx else _empty(x)), (dw.to(weight.dtype) if need_dw else _empty(weight))
+
+
+@_edge_fused_backward_op.register_fake
+def _edge_fused_backward_fake(x, weight, dy, grid_min, grid_max, num_grids, need_dx, need_dw):
+    return (x.new_empty(x.shape) if need_dx else _empty(x)), (
+        weight.new_empty(weight.shape) if need_dw else _empty(weight)
+    )
+
+
+def _edge_setup_context(ctx: Any, inputs: tuple, output: torch.Tensor) -> None:
+    x, weight, *grid = inputs
+    ctx.save_for_backward(x, weight)
+    ctx.grid = tuple(grid)
+
+
+def _edge_backward(ctx: Any, dy: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
+    need_x, need_w = ctx.needs_input_grad[:2]
+    dx, dw = _edge_fused_backward_op(*ctx.saved_tensors, dy, *ctx.grid, need_x, need_w)
+    return (dx if need_x else None), (dw if need_w else None), None, None, None
+
+
+_edge_fused_op.register_autograd(_edge_backward, setup_context=_edge_setup_context)
 
 
 def _autocast_weight(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
@@ -106,6 +254,15 @@ def _autocast_weight(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
     if torch.is_autocast_enabled(device):
         return weight.to(torch.get_autocast_dtype(device))
     return weight
+
+
+def _matmul_dtype(x: torch.Tensor, weight: torch.Tensor) -> torch.dtype:
+    """The dtype F.linear(psi, weight) multiplies in: the autocast dtype when autocast is on for x's device (psi is
+    then written in it directly, no cast between the RBF op and the matmul), else x's dtype."""
+    device = x.device.type
+    if torch.is_autocast_enabled(device) and x.dtype != torch.float64:
+        return torch.get_autocast_dtype(device)
+    return x.dtype
 
 
 def _fused_capable(*tensors: torch.Tensor) -> bool:
@@ -120,8 +277,9 @@ def _run_kan(
 ) -> torch.Tensor:
     """Shared/channel layer on one path."""
     if path == "fused":
-        return _FusedKAN.apply(x, grid_weight, _autocast_weight(x, weight), grid_min, grid_max)
-    return F.linear(rbf_grid_linear(x, grid_weight, grid_min, grid_max, backend=path), weight)
+        return _kan_fused_op(x, grid_weight, _autocast_weight(x, weight), grid_min, grid_max)
+    psi = rbf_grid_linear(x, grid_weight, grid_min, grid_max, backend=path, out_dtype=_matmul_dtype(x, weight))
+    return F.linear(psi, weight)
 
 
 def _run_edge(
@@ -129,7 +287,7 @@ def _run_edge(
 ) -> torch.Tensor:
     """Edge layer on one path."""
     if path == "fused":
-        return _FusedEdgeKAN.apply(x, _autocast_weight(x, weight), grid_min, grid_max, num_grids)
+        return _edge_fused_op(x, _autocast_weight(x, weight), grid_min, grid_max, num_grids)
     return edge_linear_reference(x, weight, grid_min, grid_max, num_grids)
 
 

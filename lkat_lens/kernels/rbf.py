@@ -10,7 +10,6 @@ from __future__ import annotations
 from typing import Any
 
 import torch
-from torch.autograd.function import once_differentiable
 
 try:
     from . import rbf_triton
@@ -83,12 +82,14 @@ def _torch_backward(
     return dx.to(x.dtype), dw.reshape(weight.shape).to(weight.dtype)
 
 
-def _triton_forward(x: torch.Tensor, weight: torch.Tensor, grid_min: float, grid_max: float) -> torch.Tensor:
-    """Fused forward on the Triton kernel."""
+def _triton_forward(
+    x: torch.Tensor, weight: torch.Tensor, grid_min: float, grid_max: float, out_dtype: torch.dtype
+) -> torch.Tensor:
+    """Fused forward on the Triton kernel, written in out_dtype."""
     w = _grid_weight(x, weight)
     x2d = x.reshape(-1, w.shape[0] if w.dim() == 2 else 1).contiguous()
     w2d = w.detach().reshape(x2d.shape[1], -1)
-    return rbf_triton.rbf_grid_linear_fwd(x2d, w2d, grid_min, grid_max).view(x.shape)
+    return rbf_triton.rbf_grid_linear_fwd(x2d, w2d, grid_min, grid_max, out_dtype).view(x.shape)
 
 
 def _triton_backward(
@@ -103,27 +104,51 @@ def _triton_backward(
     return dx.view(x.shape), dw.reshape(weight.shape).to(weight.dtype)
 
 
-class _RBFGridLinear(torch.autograd.Function):
-    """Autograd op that saves only x and the weight; the backward recomputes the basis."""
+# The operator as torch custom ops (forward, backward), so that torch.compile keeps it in its graph as one opaque
+# call. Both save only x and the weight; the backward recomputes the basis.
 
-    @staticmethod
-    def forward(
-        ctx: Any, x: torch.Tensor, weight: torch.Tensor, grid_min: float, grid_max: float, use_triton: bool
-    ) -> torch.Tensor:
-        ctx.save_for_backward(x, weight)
-        ctx.grid = (grid_min, grid_max)
-        ctx.use_triton = use_triton
-        if use_triton:
-            return _triton_forward(x, weight, grid_min, grid_max)
-        return rbf_grid_linear_reference(x, weight, grid_min, grid_max)
 
-    @staticmethod
-    @once_differentiable
-    def backward(ctx: Any, dy: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
-        x, weight = ctx.saved_tensors
-        backward = _triton_backward if ctx.use_triton else _torch_backward
-        dx, dw = backward(x, weight, dy, *ctx.grid)
-        return (dx if ctx.needs_input_grad[0] else None), (dw if ctx.needs_input_grad[1] else None), None, None, None
+@torch.library.custom_op("lkat_lens::rbf_grid_linear", mutates_args=())
+def _rbf_op(
+    x: torch.Tensor, weight: torch.Tensor, grid_min: float, grid_max: float, use_triton: bool, out_dtype: torch.dtype
+) -> torch.Tensor:
+    """y in out_dtype: the Triton kernel (rounding once on its store) or the exact reference."""
+    if use_triton:
+        return _triton_forward(x, weight, grid_min, grid_max, out_dtype)
+    return rbf_grid_linear_reference(x, weight, grid_min, grid_max).to(out_dtype).contiguous()
+
+
+@_rbf_op.register_fake
+def _rbf_fake(x, weight, grid_min, grid_max, use_triton, out_dtype):
+    return x.new_empty(x.shape, dtype=out_dtype)
+
+
+@torch.library.custom_op("lkat_lens::rbf_grid_linear_backward", mutates_args=())
+def _rbf_backward_op(
+    x: torch.Tensor, weight: torch.Tensor, dy: torch.Tensor, grid_min: float, grid_max: float, use_triton: bool
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """(dx in x's dtype, dw in the weight's dtype) for the output gradient dy (any float dtype)."""
+    dx, dw = (_triton_backward if use_triton else _torch_backward)(x, weight, dy, grid_min, grid_max)
+    return dx.contiguous(), dw.contiguous()
+
+
+@_rbf_backward_op.register_fake
+def _rbf_backward_fake(x, weight, dy, grid_min, grid_max, use_triton):
+    return x.new_empty(x.shape), weight.new_empty(weight.shape)
+
+
+def _rbf_setup_context(ctx: Any, inputs: tuple, output: torch.Tensor) -> None:
+    x, weight, grid_min, grid_max, use_triton, _ = inputs
+    ctx.save_for_backward(x, weight)
+    ctx.args = (grid_min, grid_max, use_triton)
+
+
+def _rbf_backward(ctx: Any, dy: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
+    dx, dw = _rbf_backward_op(*ctx.saved_tensors, dy, *ctx.args)
+    return (dx if ctx.needs_input_grad[0] else None), (dw if ctx.needs_input_grad[1] else None), None, None, None, None
+
+
+_rbf_op.register_autograd(_rbf_backward, setup_context=_rbf_setup_context)
 
 
 def triton_supports(x: torch.Tensor) -> bool:
@@ -132,12 +157,20 @@ def triton_supports(x: torch.Tensor) -> bool:
 
 
 def rbf_grid_linear(
-    x: torch.Tensor, weight: torch.Tensor, grid_min: float, grid_max: float, *, backend: str = "auto"
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    grid_min: float,
+    grid_max: float,
+    *,
+    backend: str = "auto",
+    out_dtype: torch.dtype | None = None,
 ) -> torch.Tensor:
     """y = sum_g w_g phi_g(x) elementwise, differentiable in x and weight, without storing the basis.
 
     backend "torch": the exact reference forward and an explicit torch backward; "triton": the fused
     Triton kernels (on CPU tensors through the Triton interpreter); "auto": triton where supported.
+    out_dtype (x's dtype unless given): the dtype y is written in, e.g. the autocast dtype of the matmul that
+    reads y (the same values as casting y afterwards, without the extra copy).
     """
     if backend not in BACKENDS:
         raise ValueError(f"unknown backend {backend!r}; choose from {BACKENDS}")
@@ -145,4 +178,4 @@ def rbf_grid_linear(
     if backend == "triton" and (rbf_triton is None or x.dtype not in TRITON_DTYPES):
         raise ValueError(f"the triton backend needs triton and x in {TRITON_DTYPES}, got {x.dtype}")
     use_triton = backend == "triton" or (backend == "auto" and triton_supports(x))
-    return _RBFGridLinear.apply(x, weight, float(grid_min), float(grid_max), use_triton)
+    return _rbf_op(x, weight, float(grid_min), float(grid_max), use_triton, out_dtype or x.dtype)

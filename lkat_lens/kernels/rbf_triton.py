@@ -163,11 +163,14 @@ def _prepare(x2d: torch.Tensor, w2d: torch.Tensor, grid_min: float, grid_max: fl
     return w2d.to(device=x2d.device, dtype=torch.float32).contiguous(), 1.0 / h, -grid_min / h, -2.0 / h
 
 
-def rbf_grid_linear_fwd(x2d: torch.Tensor, w2d: torch.Tensor, grid_min: float, grid_max: float) -> torch.Tensor:
-    """y[r, d] = sum_g w2d[d, g] exp(-((x2d[r, d] - c_g) / h)^2), in x2d's dtype."""
+def rbf_grid_linear_fwd(
+    x2d: torch.Tensor, w2d: torch.Tensor, grid_min: float, grid_max: float, out_dtype: torch.dtype | None = None
+) -> torch.Tensor:
+    """y[r, d] = sum_g w2d[d, g] exp(-((x2d[r, d] - c_g) / h)^2), in out_dtype (x2d's dtype unless given: the
+    kernel computes in fp32 and rounds once on the store, so a bf16 output costs no separate cast)."""
     w32, scale, shift, dx_scale = _prepare(x2d, w2d, grid_min, grid_max)
     (n_rows, D), G = x2d.shape, w2d.shape[1]
-    y = torch.empty_like(x2d)
+    y = torch.empty_like(x2d, dtype=out_dtype or x2d.dtype)
     if y.numel() == 0:
         return y
     args = (x2d, w32, x2d, y, w32, n_rows, D, scale, shift, dx_scale)

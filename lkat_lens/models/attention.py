@@ -107,17 +107,40 @@ class VisionGLA(nn.Module):
         pattern = self.hook_pattern(implicit_attention(q, k, gk, scale=self.scale))
         return (pattern @ v.transpose(1, 2).to(pattern.dtype)).transpose(1, 2).to(v.dtype)
 
+    def project(self, x: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        """x through q_proj, k_proj, v_proj, g_proj and the gate's first (low-rank) Linear as one matmul with their
+        stacked weights: the same products, but one GEMM and (under autocast) one cast of x instead of five, and
+        x's gradient summed inside the GEMM's fp32 accumulation."""
+        linears = (self.q_proj, self.k_proj, self.v_proj, self.g_proj, self.gk_proj[0])
+        y = F.linear(x, torch.cat([m.weight for m in linears]))
+        return y.split([m.out_features for m in linears], dim=-1)
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         heads, v_heads = (self.num_heads, self.head_dim), (self.num_heads, self.head_v_dim)
-        q = self.q_conv1d(self.q_proj(x)).unflatten(-1, heads)
-        k = self.k_conv1d(self.k_proj(x)).unflatten(-1, heads)
-        v = self.hook_v(self.v_conv1d(self.v_proj(x)).unflatten(-1, v_heads))
+        q, k, v, g, gate_code = self.project(x)
+        q = self.q_conv1d(q).unflatten(-1, heads)
+        k = self.k_conv1d(k).unflatten(-1, heads)
+        v = self.hook_v(self.v_conv1d(v).unflatten(-1, v_heads))
         q = self.hook_q(self.rotary(self.q_norm(q)))
         k = self.hook_k(self.rotary(self.k_norm(k)))
-        gk = self.hook_gk(F.logsigmoid(self.gk_proj(x).float()).unflatten(-1, heads) / self.gate_logit_normalizer)
-        o = self.mix(q, k, v, gk)
-        o = self.hook_z(self.g_norm(o) * F.silu(self.g_proj(x)).unflatten(-1, v_heads))
+        with torch.autocast(x.device.type, enabled=False):  # gate logits in fp32 from the small low-rank code
+            gate_logits = self.gk_proj[1](gate_code.to(torch.promote_types(gate_code.dtype, torch.float32)))
+        gk = F.logsigmoid(gate_logits).unflatten(-1, heads) / self.gate_logit_normalizer
+        o = self.mix(q, k, v, self.hook_gk(gk))
+        o = self.hook_z(self.gated_norm(o, g.unflatten(-1, v_heads)))
         return self.hook_out(self.o_proj(o.flatten(-2)))
+
+    def gated_norm(self, o: torch.Tensor, g: torch.Tensor) -> torch.Tensor:
+        """g_norm(o) * SiLU(g) per head [B,T,H,V]. Under autocast with o in the autocast dtype, the norm runs in that
+        dtype (layer_norm keeps its statistics in fp32) instead of casting o to fp32 and the product back."""
+        device = o.device.type
+        if torch.is_autocast_enabled(device) and o.dtype == torch.get_autocast_dtype(device):
+            norm = self.g_norm
+            with torch.autocast(device, enabled=False):
+                weight, bias = norm.weight.to(o.dtype), norm.bias.to(o.dtype)
+                normed = F.layer_norm(o, norm.normalized_shape, weight, bias, norm.eps)
+            return normed * F.silu(g)
+        return self.g_norm(o) * F.silu(g)
 
 
 class VisionMHSA(nn.Module):
