@@ -33,8 +33,8 @@ FORMS = ("circle", "square", "triangle", "star", "cross", "ring")
 DISTRACTORS = ("line", "arc", "zigzag")
 SPLITS = {"train": 0, "val": 1}  # mixed into the seed: the two splits draw from different streams
 DEFAULT_SIZES = {"train": 10_000, "val": 2_000}
-SIZE_RANGE = (0.25, 0.55)  # object diameter (circumscribed circle) as a fraction of the image side
-MIN_CONTRAST = 0.45  # Euclidean RGB distance (in [0, 1] units) of a drawn colour from the background under it
+SIZE_RANGE = (0.3, 0.6)  # object diameter (circumscribed circle) as a fraction of the image side
+MIN_CONTRAST = 0.5  # Euclidean RGB distance (in [0, 1] units) of a drawn colour from the background under it
 
 NOISE_SEED = 20261124
 
@@ -87,12 +87,12 @@ def make_scene(rng: np.random.Generator, label: int) -> Scene:
         color_a=_rand_color(rng),
         color_b=_rand_color(rng),
         gradient_angle=rng.uniform(0, 2 * math.pi),
-        stripe_color=tuple(rng.uniform(-0.25, 0.25, 3)),
+        stripe_color=tuple(rng.uniform(-0.15, 0.15, 3)),
         stripe_angle=rng.uniform(0, math.pi),
         stripe_freq=rng.uniform(2.0, 10.0),
         stripe_phase=rng.uniform(0, 2 * math.pi),
-        blobs=rng.uniform(-0.2, 0.2, (int(rng.integers(3, 7)),) * 2 + (3,)).astype(np.float32),
-        noise=rng.uniform(0.0, 0.06),
+        blobs=rng.uniform(-0.15, 0.15, (int(rng.integers(3, 7)),) * 2 + (3,)).astype(np.float32),
+        noise=rng.uniform(0.0, 0.05),
         noise_offset=(float(rng.uniform()), float(rng.uniform())),
     )
     radius = rng.uniform(*SIZE_RANGE) / 2
