@@ -9,6 +9,7 @@ import copy
 
 import pytest
 import torch
+from model_paths import give_kan_weight, rel, run, worst_grad
 
 import lkat_lens
 
@@ -45,34 +46,17 @@ CASES = [("lkat_tiny_patch16_224", k, v) for k, v in LKAT_OPTIONS.items()]
 CASES += [("rbfkat_tiny_patch16_224", k, v) for k, v in RBFKAT_OPTIONS.items()]
 
 
-def rel(a: torch.Tensor, b: torch.Tensor) -> float:
-    return ((a.float() - b.float()).norm() / b.float().norm()).item()
-
-
-def run(model, x, y):
-    model.zero_grad(set_to_none=True)
-    logits = model(x)
-    torch.nn.functional.cross_entropy(logits, y).backward()
-    grads = {n: p.grad.detach().clone() for n, p in model.named_parameters() if p.grad is not None}
-    return logits.detach(), grads
-
-
 @pytest.mark.parametrize(("name", "case", "options"), CASES, ids=[f"{n.split('_')[0]}-{c}" for n, c, _ in CASES])
 @pytest.mark.parametrize(("attn", "kan"), [("fused_recurrent", "triton"), ("short", "fused"), ("auto", "auto")])
 def test_fast_paths_equal_torch_paths_fp32(name, case, options, attn, kan):
     torch.manual_seed(0)
-    model = lkat_lens.create_model(name, **SMALL, **options).cuda().eval()
-    for m in model.modules():  # reference init makes KAN outputs ~0; give them weight so they are tested
-        if isinstance(m, lkat_lens.models.KANLayer):
-            torch.nn.init.normal_(m.grid_linear.weight, std=0.5)
-            torch.nn.init.normal_(m.dim_linear.weight, std=m.in_features**-0.5)
+    model = give_kan_weight(lkat_lens.create_model(name, **SMALL, **options).cuda().eval())
     x = torch.randn(4, 3, 32, 32, device="cuda")
     y = torch.randint(0, 10, (4,), device="cuda")
     logits_ref, grads_ref = run(copy.deepcopy(model).set_backends(attn="torch", kan="torch"), x, y)
     logits, grads = run(copy.deepcopy(model).set_backends(attn=attn, kan=kan), x, y)
     assert grads.keys() == grads_ref.keys()
     assert rel(logits, logits_ref) < 2e-5, case
-    worst = max((n for n in grads_ref if grads_ref[n].norm() > 0), key=lambda n: rel(grads[n], grads_ref[n]))
-    worst_rel = rel(grads[worst], grads_ref[worst])
+    worst, worst_rel = worst_grad(grads, grads_ref)
     print(f"{name} {case} {attn}/{kan}: logits rel {rel(logits, logits_ref):.2e}, worst grad {worst} {worst_rel:.2e}")
     assert worst_rel < 2e-4, worst
