@@ -10,36 +10,31 @@ import copy
 import pytest
 import torch
 from model_paths import give_kan_weight, rel, run, worst_grad
+from test_reference_configs import KATT_CASES, LKAT_CASES
 
 import lkat_lens
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")]
 
 SMALL = dict(img_size=32, patch_size=4, embed_dim=128, depth=2, num_heads=2, num_classes=10)  # 64 patches, head 64
-LKAT_OPTIONS = {
-    "default": {},
-    "rope_2dv0": {"rope_mode": "2dv0"},
-    "rope_theta": {"rope_theta": 100.0},
-    "no_cls_token": {"use_cls_token": False},
-    "no_abs_pos": {"use_abs_pos": False},
-    "registers_1": {"num_registers": 1},
-    "registers_7": {"num_registers": 7},
-    "no_short_conv": {"use_short_conv": False},
-    "conv_size_2": {"conv_size": 2},
-    "expand_k_half": {"expand_k": 0.5},
-    "expand_v_2": {"expand_v": 2.0},
-    "everything": {
-        "rope_mode": "2dv0",
-        "use_cls_token": False,
-        "use_abs_pos": False,
-        "num_registers": 2,
-        "conv_size": 3,
-        "expand_k": 0.5,
-        "expand_v": 2.0,
-    },
-}
+# Cases of the CPU test (tests/test_reference_configs.py) whose options are LKAT keywords as they stand.
+LKAT_OPTION_CASES = (
+    "default",
+    "rope_2dv0",
+    "rope_theta",
+    "no_cls_token",
+    "no_abs_pos",
+    "registers_1",
+    "registers_7",
+    "no_short_conv",
+    "conv_size_2",
+    "expand_k_half",
+    "expand_v_2",
+    "everything",
+)
+LKAT_OPTIONS = {case: LKAT_CASES[case] for case in LKAT_OPTION_CASES}
 RBFKAT_OPTIONS = {
-    "rope_2dv0": {"rope_mode": "2dv0", "rope_theta": 500.0},
+    "rope_2dv0": KATT_CASES["rope_2dv0"],
     "no_cls_no_abs_pos": {"use_cls_token": False, "use_abs_pos": False},
 }
 CASES = [("lkat_tiny_patch16_224", k, v) for k, v in LKAT_OPTIONS.items()]
