@@ -51,9 +51,20 @@ def _patterns(
 
 
 def _select_blocks(model: HookedModel, blocks: Sequence[int] | None) -> tuple[list[int], list[str]]:
-    """Requested block indices (all by default) and every block's kind."""
+    """Requested block indices (all by default) and their kinds."""
     kinds = attention_kinds(model)
-    return (list(range(len(kinds))) if blocks is None else list(blocks)), kinds
+    chosen = list(range(len(kinds))) if blocks is None else list(blocks)
+    return chosen, [kinds[i] for i in chosen]
+
+
+def _selection_dict(result: AttentionMatrices | ClsAttention) -> dict[str, Any]:
+    """The JSON entries saying which blocks a result covers and where its tokens sit."""
+    return {
+        "blocks": result.blocks,
+        "kinds": result.kinds,
+        "layout": layout_dict(result.layout),
+        "grid_size": list(result.grid_size),
+    }
 
 
 @dataclass
@@ -74,10 +85,7 @@ class AttentionMatrices:
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready summary: the class-token row per block and head, averaged over images."""
         return {
-            "blocks": self.blocks,
-            "kinds": self.kinds,
-            "layout": layout_dict(self.layout),
-            "grid_size": list(self.grid_size),
+            **_selection_dict(self),
             "shape": list(self.matrices.shape),
             "cls_row_mean": self.matrices[..., self.cls_index, :].mean(1).tolist(),
         }
@@ -91,7 +99,7 @@ def attention_matrices(
     return AttentionMatrices(
         matrices=torch.stack(_patterns(model, images, blocks)),
         blocks=blocks,
-        kinds=[kinds[i] for i in blocks],
+        kinds=kinds,
         layout=model.token_layout,
         grid_size=patch_grid(model),
     )
@@ -125,10 +133,7 @@ class ClsAttention:
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready summary averaged over images: patch maps, register and self weights per block and head."""
         return {
-            "blocks": self.blocks,
-            "kinds": self.kinds,
-            "layout": layout_dict(self.layout),
-            "grid_size": list(self.grid_size),
+            **_selection_dict(self),
             "patch_maps": self.patch_maps.mean(1).tolist(),
             "registers": self.registers.mean(1).tolist(),
             "self": self.self_weight.mean(1).tolist(),
@@ -141,7 +146,6 @@ def cls_attention(model: HookedModel, images: torch.Tensor, blocks: Sequence[int
     layout = model.token_layout
     cls = class_token_index(model)
     rows = _patterns(model, images, blocks, keep=lambda pattern: pattern[..., cls, :].clone())
-    kinds = [kinds[i] for i in blocks]
     return ClsAttention(rows=torch.stack(rows), blocks=blocks, kinds=kinds, layout=layout, grid_size=patch_grid(model))
 
 

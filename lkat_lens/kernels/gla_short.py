@@ -48,25 +48,40 @@ def _mm(a, b, PRECISION: tl.constexpr):
 
 
 @triton.jit
-def _tile(ptr, rows, cols, stride_t, stride_d, T):
-    """Rows `rows` (zero past T) of one head's [T, D] matrix, as fp32."""
-    offs = rows[:, None] * stride_t + cols[None, :] * stride_d
-    return tl.load(ptr + offs, mask=(rows < T)[:, None], other=0.0).to(tl.float32)
+def _tile(ptr, strides, i_b, i_h, rows, cols, T):
+    """Rows `rows` (zero past T) of head (i_b, i_h)'s [T, D] matrix in a [B, T, H, D] tensor, as fp32."""
+    offs = rows[:, None] * strides[1] + cols[None, :] * strides[3]
+    return tl.load(ptr + i_b * strides[0] + i_h * strides[2] + offs, mask=(rows < T)[:, None], other=0.0).to(tl.float32)
 
 
 @triton.jit
-def _store_tile(ptr, x, rows, cols, stride_t, stride_d, T):
-    """Write x into rows `rows` (those before T) of one head's [T, D] matrix, in the matrix's dtype."""
-    offs = rows[:, None] * stride_t + cols[None, :] * stride_d
-    tl.store(ptr + offs, x.to(ptr.dtype.element_ty), mask=(rows < T)[:, None])
+def _store_tile(ptr, strides, i_b, i_h, x, rows, cols, T):
+    """Write x into rows `rows` (those before T) of head (i_b, i_h)'s [T, D] matrix, in the tensor's dtype."""
+    offs = rows[:, None] * strides[1] + cols[None, :] * strides[3]
+    tl.store(ptr + i_b * strides[0] + i_h * strides[2] + offs, x.to(ptr.dtype.element_ty), mask=(rows < T)[:, None])
 
 
 @triton.jit
-def _level(b, rt, W: tl.constexpr):
-    """Decay factors of the chunk level with half-width W (pairs s < t whose rows first differ in bit W).
+def _gates(g_ptr, strides, i_b, i_h, rows, cols, T):
+    """(b, b_last) of a chunk: the log-gate cumsum from the chunk start [CHUNK, K] and its total [K]."""
+    g = _tile(g_ptr, strides, i_b, i_h, rows, cols, T)
+    return tl.cumsum(g, axis=0), tl.sum(g, axis=0)
 
-    Rows form blocks of 2W, each an early and a late half; the reference r is the first late row.
-    Returns (f, late, same): f = exp(b_t - b_r) on late rows, exp(b_r - b_s) on early rows (both <= 1),
+
+@triton.jit
+def _carry(state, k, v, b, b_last, PRECISION: tl.constexpr):
+    """The state after a chunk: S <- diag(exp(b_last)) S + sum_s (k_s * exp(b_last - b_s)) v_s^T."""
+    k_to_end = k * tl.exp(b_last[None, :] - b)
+    return state * tl.exp(b_last)[:, None] + _mm(tl.trans(k_to_end), v, PRECISION)
+
+
+@triton.jit
+def _level(q, k, b, rt, W: tl.constexpr, PRECISION: tl.constexpr):
+    """The chunk level with half-width W: pairs s < t whose rows first differ in bit W.
+
+    Rows form blocks of 2W, each an early and a late half; the reference r is the first late row. Returns
+    (scores, q_f, k_f, f, late, same): the level's share of A[t, s]; q_f = q * f on late rows and k_f = k * f on
+    early rows (0 elsewhere), with f = exp(b_t - b_r) on late rows, exp(b_r - b_s) on early rows (both <= 1);
     `late` [CHUNK, 1], and `same` [CHUNK, CHUNK] marking (t, s) in one block.
     """
     ref_row = (rt // (2 * W)) * (2 * W) + W
@@ -74,52 +89,19 @@ def _level(b, rt, W: tl.constexpr):
     late = ((rt // W) % 2 == 1)[:, None]
     f = tl.exp(tl.where(late, b - ref, ref - b))
     same = (rt[:, None] // (2 * W)) == (rt[None, :] // (2 * W))
-    return f, late, same
+    q_f, k_f = tl.where(late, q * f, 0.0), tl.where(late, 0.0, k * f)
+    return tl.where(same, _mm(q_f, tl.trans(k_f), PRECISION), 0.0), q_f, k_f, f, late, same
 
 
 @triton.jit
 def _gla_short_fwd_kernel(
-    q_ptr,
-    k_ptr,
-    v_ptr,
-    g_ptr,
-    o_ptr,
-    sq_b,
-    sq_t,
-    sq_h,
-    sq_d,
-    sk_b,
-    sk_t,
-    sk_h,
-    sk_d,
-    sv_b,
-    sv_t,
-    sv_h,
-    sv_d,
-    sg_b,
-    sg_t,
-    sg_h,
-    sg_d,
-    so_b,
-    so_t,
-    so_h,
-    so_d,
-    T,
-    H,
-    scale,
-    K: tl.constexpr,
-    V: tl.constexpr,
-    BV: tl.constexpr,
-    PRECISION: tl.constexpr,
-):
-    """o for one (batch * head, V tile): walk the chunks with the [K, BV] state in registers."""
+    q_ptr, k_ptr, v_ptr, g_ptr, o_ptr, sq, sk, sv, sg, so, T, H, scale,
+    K: tl.constexpr, V: tl.constexpr, BV: tl.constexpr, PRECISION: tl.constexpr,
+):  # fmt: skip
+    """o for one (batch * head, V tile): walk the chunks with the [K, BV] state in registers. sq ... so are
+    the operands' [B, T, H, D] strides."""
     i_bh, i_v = tl.program_id(0), tl.program_id(1)
     i_b, i_h = (i_bh // H).to(tl.int64), (i_bh % H).to(tl.int64)
-    q_ptr += i_b * sq_b + i_h * sq_h
-    k_ptr += i_b * sk_b + i_h * sk_h
-    v_ptr += i_b * sv_b + i_h * sv_h
-    g_ptr += i_b * sg_b + i_h * sg_h
-    o_ptr += i_b * so_b + i_h * so_h
     rt = tl.arange(0, CHUNK)
     ck = tl.arange(0, K)
     cv = i_v * BV + tl.arange(0, BV)
@@ -127,81 +109,26 @@ def _gla_short_fwd_kernel(
     state = tl.zeros([K, BV], dtype=tl.float32)
     for t0 in range(0, T, CHUNK):
         rows = t0 + rt
-        q = _tile(q_ptr, rows, ck, sq_t, sq_d, T) * scale
-        k = _tile(k_ptr, rows, ck, sk_t, sk_d, T)
-        v = _tile(v_ptr, rows, cv, sv_t, sv_d, T)
-        g = _tile(g_ptr, rows, ck, sg_t, sg_d, T)
-        b = tl.cumsum(g, axis=0)
-        b_last = tl.sum(g, axis=0)
+        q = _tile(q_ptr, sq, i_b, i_h, rows, ck, T) * scale
+        k = _tile(k_ptr, sk, i_b, i_h, rows, ck, T)
+        v = _tile(v_ptr, sv, i_b, i_h, rows, cv, T)
+        b, b_last = _gates(g_ptr, sg, i_b, i_h, rows, ck, T)
         scores = tl.where(diagonal, tl.sum(q * k, axis=1)[:, None], 0.0)
         for lv in tl.static_range(LEVELS):
-            f, late, same = _level(b, rt, CHUNK >> (lv + 1))
-            q_f, k_f = tl.where(late, q * f, 0.0), tl.where(late, 0.0, k * f)
-            scores += tl.where(same, _mm(q_f, tl.trans(k_f), PRECISION), 0.0)
+            scores += _level(q, k, b, rt, CHUNK >> (lv + 1), PRECISION)[0]
         o = _mm(q * tl.exp(b), state, PRECISION) + _mm(scores, v, PRECISION)
-        _store_tile(o_ptr, o, rows, cv, so_t, so_d, T)
-        k_to_end = k * tl.exp(b_last[None, :] - b)
-        state = state * tl.exp(b_last)[:, None] + _mm(tl.trans(k_to_end), v, PRECISION)
+        _store_tile(o_ptr, so, i_b, i_h, o, rows, cv, T)
+        state = _carry(state, k, v, b, b_last, PRECISION)
 
 
 @triton.jit
 def _gla_short_bwd_kernel(
-    q_ptr,
-    k_ptr,
-    v_ptr,
-    g_ptr,
-    do_ptr,
-    dq_ptr,
-    dk_ptr,
-    dv_ptr,
-    dg_ptr,
-    sq_b,
-    sq_t,
-    sq_h,
-    sq_d,
-    sk_b,
-    sk_t,
-    sk_h,
-    sk_d,
-    sv_b,
-    sv_t,
-    sv_h,
-    sv_d,
-    sg_b,
-    sg_t,
-    sg_h,
-    sg_d,
-    sdo_b,
-    sdo_t,
-    sdo_h,
-    sdo_d,
-    sgk_b,
-    sgk_t,
-    sgk_h,
-    sgk_d,
-    sgv_b,
-    sgv_t,
-    sgv_h,
-    sgv_d,
-    T,
-    H,
-    scale,
-    K: tl.constexpr,
-    V: tl.constexpr,
-    PRECISION: tl.constexpr,
-):
-    """dq, dk, dv and the fp32 dgk of one (batch * head). dq, dk and dg share the strides sgk_*, dv has sgv_*."""
+    q_ptr, k_ptr, v_ptr, g_ptr, do_ptr, dq_ptr, dk_ptr, dv_ptr, dg_ptr, sq, sk, sv, sg, sdo, sgk, sgv, T, H, scale,
+    K: tl.constexpr, V: tl.constexpr, PRECISION: tl.constexpr,
+):  # fmt: skip
+    """dq, dk, dv and the fp32 dgk of one (batch * head). dq, dk and dg share the strides sgk, dv has sgv."""
     i_bh = tl.program_id(0)
     i_b, i_h = (i_bh // H).to(tl.int64), (i_bh % H).to(tl.int64)
-    q_ptr += i_b * sq_b + i_h * sq_h
-    k_ptr += i_b * sk_b + i_h * sk_h
-    v_ptr += i_b * sv_b + i_h * sv_h
-    g_ptr += i_b * sg_b + i_h * sg_h
-    do_ptr += i_b * sdo_b + i_h * sdo_h
-    dq_ptr += i_b * sgk_b + i_h * sgk_h
-    dk_ptr += i_b * sgk_b + i_h * sgk_h
-    dg_ptr += i_b * sgk_b + i_h * sgk_h
-    dv_ptr += i_b * sgv_b + i_h * sgv_h
     rt = tl.arange(0, CHUNK)
     ck = tl.arange(0, K)
     cv = tl.arange(0, V)
@@ -211,15 +138,12 @@ def _gla_short_bwd_kernel(
     state = tl.zeros([K, V], dtype=tl.float32)
     for t0 in range(0, T, CHUNK):
         rows = t0 + rt
-        k = _tile(k_ptr, rows, ck, sk_t, sk_d, T)
-        v = _tile(v_ptr, rows, cv, sv_t, sv_d, T)
-        do = _tile(do_ptr, rows, cv, sdo_t, sdo_d, T)
-        g = _tile(g_ptr, rows, ck, sg_t, sg_d, T)
-        b = tl.cumsum(g, axis=0)
-        b_last = tl.sum(g, axis=0)
-        _store_tile(dg_ptr, _mm(do, tl.trans(state), PRECISION) * tl.exp(b), rows, ck, sgk_t, sgk_d, T)
-        k_to_end = k * tl.exp(b_last[None, :] - b)
-        state = state * tl.exp(b_last)[:, None] + _mm(tl.trans(k_to_end), v, PRECISION)
+        k = _tile(k_ptr, sk, i_b, i_h, rows, ck, T)
+        v = _tile(v_ptr, sv, i_b, i_h, rows, cv, T)
+        do = _tile(do_ptr, sdo, i_b, i_h, rows, cv, T)
+        b, b_last = _gates(g_ptr, sg, i_b, i_h, rows, ck, T)
+        _store_tile(dg_ptr, sgk, i_b, i_h, _mm(do, tl.trans(state), PRECISION) * tl.exp(b), rows, ck, T)
+        state = _carry(state, k, v, b, b_last, PRECISION)
     tl.debug_barrier()  # the reverse walk reads what every thread of this program wrote above
 
     # Reverse walk with dS, the gradient of the state that enters the later chunks.
@@ -229,23 +153,20 @@ def _gla_short_bwd_kernel(
     for i in range(0, n_chunks):
         t0 = (n_chunks - 1 - i) * CHUNK
         rows = t0 + rt
-        q = _tile(q_ptr, rows, ck, sq_t, sq_d, T) * scale
-        k = _tile(k_ptr, rows, ck, sk_t, sk_d, T)
-        v = _tile(v_ptr, rows, cv, sv_t, sv_d, T)
-        do = _tile(do_ptr, rows, cv, sdo_t, sdo_d, T)
-        g = _tile(g_ptr, rows, ck, sg_t, sg_d, T)
-        dq = _tile(dg_ptr, rows, ck, sgk_t, sgk_d, T)
-        b = tl.cumsum(g, axis=0)
-        b_last = tl.sum(g, axis=0)
+        q = _tile(q_ptr, sq, i_b, i_h, rows, ck, T) * scale
+        k = _tile(k_ptr, sk, i_b, i_h, rows, ck, T)
+        v = _tile(v_ptr, sv, i_b, i_h, rows, cv, T)
+        do = _tile(do_ptr, sdo, i_b, i_h, rows, cv, T)
+        b, b_last = _gates(g_ptr, sg, i_b, i_h, rows, ck, T)
+        dq = _tile(dg_ptr, sgk, i_b, i_h, rows, ck, T)
         d_scores = _mm(do, tl.trans(v), PRECISION)  # [t, s] = do_t . v_s (used where s <= t)
         d_diag = tl.sum(do * v, axis=1)[:, None]
         scores = tl.where(diagonal, tl.sum(q * k, axis=1)[:, None], 0.0)
         dq += d_diag * k
         dk = d_diag * q
         for lv in tl.static_range(LEVELS):
-            f, late, same = _level(b, rt, CHUNK >> (lv + 1))
-            q_f, k_f = tl.where(late, q * f, 0.0), tl.where(late, 0.0, k * f)
-            scores += tl.where(same, _mm(q_f, tl.trans(k_f), PRECISION), 0.0)
+            level_scores, q_f, k_f, f, late, same = _level(q, k, b, rt, CHUNK >> (lv + 1), PRECISION)
+            scores += level_scores
             d_level = tl.where(same, d_scores, 0.0)
             dq += tl.where(late, f * _mm(d_level, k_f, PRECISION), 0.0)
             dk += tl.where(late, 0.0, f * _mm(tl.trans(d_level), q_f, PRECISION))
@@ -253,11 +174,11 @@ def _gla_short_bwd_kernel(
         dv = _mm(tl.trans(scores), do, PRECISION) + _mm(k * to_end, d_state, PRECISION)
         dk += to_end * _mm(v, tl.trans(d_state), PRECISION)
         d = q * dq - k * dk
-        _store_tile(dg_ptr, tl.cumsum(d, axis=0, reverse=True) + later[None, :], rows, ck, sgk_t, sgk_d, T)
+        _store_tile(dg_ptr, sgk, i_b, i_h, tl.cumsum(d, axis=0, reverse=True) + later[None, :], rows, ck, T)
         later += tl.sum(d, axis=0)
-        _store_tile(dq_ptr, dq * scale, rows, ck, sgk_t, sgk_d, T)
-        _store_tile(dk_ptr, dk, rows, ck, sgk_t, sgk_d, T)
-        _store_tile(dv_ptr, dv, rows, cv, sgv_t, sgv_d, T)
+        _store_tile(dq_ptr, sgk, i_b, i_h, dq * scale, rows, ck, T)
+        _store_tile(dk_ptr, sgk, i_b, i_h, dk, rows, ck, T)
+        _store_tile(dv_ptr, sgv, i_b, i_h, dv, rows, cv, T)
         d_state = d_state * tl.exp(b_last)[:, None] + _mm(tl.trans(q * tl.exp(b)), do, PRECISION)
 
 
@@ -310,7 +231,7 @@ def gla_short_fwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, gk: torch.T
     o = torch.empty(B, T, H, V, dtype=q.dtype, device=q.device)
     if o.numel() == 0:
         return o
-    args = (q, k, v, gk, o, *q.stride(), *k.stride(), *v.stride(), *gk.stride(), *o.stride(), T, H, scale)
+    args = (q, k, v, gk, o, q.stride(), k.stride(), v.stride(), gk.stride(), o.stride(), T, H, scale)
     meta = dict(K=K, V=V, PRECISION=_precision(q, k, v))
     if INTERPRET:
         block_v = min(V, _INTERP_BLOCK_V)
@@ -329,8 +250,8 @@ def gla_short_bwd(
     dv = torch.empty(v.shape, dtype=v.dtype, device=q.device)
     dg = torch.empty(gk.shape, dtype=torch.float32, device=q.device)
     if dg.numel() and dv.numel():
-        args = (q, k, v, gk, do, dq, dk, dv, dg, *q.stride(), *k.stride(), *v.stride(), *gk.stride(), *do.stride())
-        args += (*dg.stride(), *dv.stride(), T, H, scale)
+        strides = (q.stride(), k.stride(), v.stride(), gk.stride(), do.stride(), dg.stride(), dv.stride())
+        args = (q, k, v, gk, do, dq, dk, dv, dg, *strides, T, H, scale)
         meta = dict(K=K, V=v.shape[-1], PRECISION=_precision(q, k, v))
         kernel = _gla_short_bwd_kernel if INTERPRET else _autotuned(True, v.shape[-1])
         kernel[(B * H,)](*args, **meta)

@@ -63,19 +63,73 @@ def _mma(a, b, acc, DOT: tl.constexpr):
 
 
 @triton.jit
-def _tile_ids(pid, rows_total, cols_total, BLOCK_R: tl.constexpr, BLOCK_C: tl.constexpr, GROUP_M: tl.constexpr):
-    """(row block, column block) of a program, grouped GROUP_M row blocks at a time for L2 reuse."""
-    num_r = tl.cdiv(rows_total, BLOCK_R)
-    num_c = tl.cdiv(cols_total, BLOCK_C)
-    width = GROUP_M * num_c
-    first = (pid // width) * GROUP_M
-    size = tl.minimum(num_r - first, GROUP_M)
-    return first + (pid % width) % size, (pid % width) // size
+def _block(start, BLOCK: tl.constexpr, total):
+    """Indices start .. start + BLOCK - 1 and whether each is below total."""
+    idx = start + tl.arange(0, BLOCK)
+    return idx, idx < total
 
 
 @triton.jit
-def _psi(u, gw_ptr, cols, col_ok, stride_gw, G: tl.constexpr):
-    """psi = sum_g w[col, g] phi_g on a [rows, cols] tile of u, in fp32 (0 on masked columns)."""
+def _program_tile(R, C, BLOCK_R: tl.constexpr, BLOCK_C: tl.constexpr, GROUP_M: tl.constexpr):
+    """This program's tile of an [R, C] grid: (row block, rows, row mask, columns, column mask). Row blocks are
+    grouped GROUP_M at a time for L2 reuse."""
+    num_r = tl.cdiv(R, BLOCK_R)
+    width = GROUP_M * tl.cdiv(C, BLOCK_C)
+    pid = tl.program_id(0)
+    first = (pid // width) * GROUP_M
+    size = tl.minimum(num_r - first, GROUP_M)
+    pid_r, pid_c = first + (pid % width) % size, (pid % width) // size
+    rows, row_ok = _block(pid_r * BLOCK_R, BLOCK_R, R)
+    cols, col_ok = _block(pid_c * BLOCK_C, BLOCK_C, C)
+    return pid_r, rows, row_ok, cols, col_ok
+
+
+@triton.jit
+def _load(ptr, r, c, stride_r, stride_c, r_ok, c_ok):
+    """The tile ptr[r, c] of a strided matrix, 0 where a row or a column is masked off."""
+    return tl.load(ptr + r[:, None] * stride_r + c[None, :] * stride_c, mask=r_ok[:, None] & c_ok[None, :], other=0.0)
+
+
+@triton.jit
+def _store(ptr, value, r, c, stride_r, stride_c, r_ok, c_ok):
+    """Write value (in the matrix's dtype) to the tile ptr[r, c] of a strided matrix, where both masks hold."""
+    tl.store(
+        ptr + r[:, None] * stride_r + c[None, :] * stride_c,
+        value.to(ptr.dtype.element_ty),
+        mask=r_ok[:, None] & c_ok[None, :],
+    )
+
+
+@triton.jit
+def _load_u(x_ptr, rows, cols, stride_xm, stride_xk, row_ok, col_ok, scale, shift):
+    """u = (x - grid_min) / h on the x tile [rows, cols], in fp32."""
+    x = _load(x_ptr, rows.to(tl.int64), cols, stride_xm, stride_xk, row_ok, col_ok)
+    return x.to(tl.float32) * scale + shift
+
+
+@triton.jit
+def _dy_w(
+    dy_ptr, w_ptr, w_offset, rows, row_ok, cols, col_ok, N,
+    stride_dym, stride_dyn, stride_wn, stride_wk,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, DOT: tl.constexpr,
+):  # fmt: skip
+    """(dy W)[rows, cols] in fp32 for dy [M, N] and W [N, K] at w_ptr + w_offset (the edge form passes one
+    center's block of its [N, G, K] W), the loop running over N."""
+    acc = tl.zeros((BLOCK_M, BLOCK_K), dtype=tl.float32)
+    for n0 in range(0, N, BLOCK_N):
+        outs, out_ok = _block(n0, BLOCK_N, N)
+        dy = _load(dy_ptr, rows.to(tl.int64), outs, stride_dym, stride_dyn, row_ok, out_ok)
+        w_tile = w_ptr + outs[:, None] * stride_wn + w_offset + cols[None, :] * stride_wk
+        w = tl.load(w_tile, mask=out_ok[:, None] & col_ok[None, :], other=0.0)
+        acc = _mma(dy, w, acc, DOT)
+    return acc
+
+
+@triton.jit
+def _grid_sum(u, gw_ptr, cols, col_ok, stride_gw, G: tl.constexpr, dpsi, part_row):
+    """On a [rows, cols] tile of u, in fp32 (0 on masked columns): psi = sum_g w[col, g] phi_g(u); or, given
+    dpsi, sum_g w[col, g] phi_g(u) (u - g) (psi' but for the factor -2/h), storing the tile's share of the
+    grid-weight gradient, sum_rows dpsi phi_g(u), at part_row + g."""
     out = tl.zeros_like(u)
     for a in tl.static_range(0, G, _SPAN):
         v, psi, step = _span_start(u, a)
@@ -84,7 +138,11 @@ def _psi(u, gw_ptr, cols, col_ok, stride_gw, G: tl.constexpr):
                 if j > 0:
                     psi = psi * step
                 w = tl.load(gw_ptr + cols * stride_gw + (a + j), mask=col_ok, other=0.0) * _decay(j)
-                out += w[None, :] * psi
+                if dpsi is None:
+                    out += w[None, :] * psi
+                else:
+                    out += w[None, :] * psi * (v - j)
+                    tl.store(part_row + (a + j), tl.sum(dpsi * psi, axis=0) * _decay(j), mask=col_ok)
     return out
 
 
@@ -97,22 +155,15 @@ def _kan_fwd_kernel(
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
 ):  # fmt: skip
     """y = psi(x) W^T with psi computed on the A tile."""
-    pid_m, pid_n = _tile_ids(tl.program_id(0), M, N, BLOCK_M, BLOCK_N, GROUP_M)
-    rows = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
-    outs = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
-    row_ok, out_ok = rows < M, outs < N
-    x_rows = x_ptr + rows.to(tl.int64)[:, None] * stride_xm
+    pid_m, rows, row_ok, outs, out_ok = _program_tile(M, N, BLOCK_M, BLOCK_N, GROUP_M)
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     for k0 in range(0, K, BLOCK_K):
-        cols = k0 + tl.arange(0, BLOCK_K)
-        col_ok = cols < K
-        x = tl.load(x_rows + cols[None, :] * stride_xk, mask=row_ok[:, None] & col_ok[None, :], other=0.0)
-        psi = _psi(x.to(tl.float32) * scale + shift, gw_ptr, cols, col_ok, stride_gw, G)
-        w_tile = w_ptr + outs[None, :] * stride_wn + cols[:, None] * stride_wk
-        b = tl.load(w_tile, mask=col_ok[:, None] & out_ok[None, :], other=0.0)
+        cols, col_ok = _block(k0, BLOCK_K, K)
+        u = _load_u(x_ptr, rows, cols, stride_xm, stride_xk, row_ok, col_ok, scale, shift)
+        psi = _grid_sum(u, gw_ptr, cols, col_ok, stride_gw, G, None, None)
+        b = _load(w_ptr, cols, outs, stride_wk, stride_wn, col_ok, out_ok)
         acc = _mma(psi.to(b.dtype), b, acc, DOT)
-    y_tile = y_ptr + rows.to(tl.int64)[:, None] * stride_ym + outs[None, :] * stride_yn
-    tl.store(y_tile, acc.to(y_ptr.dtype.element_ty), mask=row_ok[:, None] & out_ok[None, :])
+    _store(y_ptr, acc, rows.to(tl.int64), outs, stride_ym, stride_yn, row_ok, out_ok)
 
 
 @triton.jit
@@ -124,36 +175,15 @@ def _kan_bwd_dx_kernel(
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
 ):  # fmt: skip
     """dpsi = dy W on a [BLOCK_M, BLOCK_K] tile; epilogue: dx = dpsi psi'(x), part[row block] = dw share."""
-    pid_m, pid_k = _tile_ids(tl.program_id(0), M, K, BLOCK_M, BLOCK_K, GROUP_M)
-    rows = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
-    cols = pid_k * BLOCK_K + tl.arange(0, BLOCK_K)
-    row_ok, col_ok = rows < M, cols < K
-    dy_rows = dy_ptr + rows.to(tl.int64)[:, None] * stride_dym
-    dpsi = tl.zeros((BLOCK_M, BLOCK_K), dtype=tl.float32)
-    for n0 in range(0, N, BLOCK_N):
-        outs = n0 + tl.arange(0, BLOCK_N)
-        out_ok = outs < N
-        dy = tl.load(dy_rows + outs[None, :] * stride_dyn, mask=row_ok[:, None] & out_ok[None, :], other=0.0)
-        w_tile = w_ptr + outs[:, None] * stride_wn + cols[None, :] * stride_wk
-        w = tl.load(w_tile, mask=out_ok[:, None] & col_ok[None, :], other=0.0)
-        dpsi = _mma(dy, w, dpsi, DOT)
-    mask = row_ok[:, None] & col_ok[None, :]
-    x = tl.load(x_ptr + rows.to(tl.int64)[:, None] * stride_xm + cols[None, :] * stride_xk, mask=mask, other=0.0)
-    u = x.to(tl.float32) * scale + shift
-    deriv = tl.zeros((BLOCK_M, BLOCK_K), dtype=tl.float32)  # sum_g w_g phi_g (u - g)
+    pid_m, rows, row_ok, cols, col_ok = _program_tile(M, K, BLOCK_M, BLOCK_K, GROUP_M)
+    dpsi = _dy_w(
+        dy_ptr, w_ptr, 0, rows, row_ok, cols, col_ok, N, stride_dym, stride_dyn, stride_wn, stride_wk,
+        BLOCK_M, BLOCK_N, BLOCK_K, DOT,
+    )  # fmt: skip
+    u = _load_u(x_ptr, rows, cols, stride_xm, stride_xk, row_ok, col_ok, scale, shift)
     part_row = part_ptr + pid_m.to(tl.int64) * K * G + cols * G
-    for a in tl.static_range(0, G, _SPAN):
-        v, psi, step = _span_start(u, a)
-        for j in tl.static_range(_SPAN):
-            if a + j < G:
-                if j > 0:
-                    psi = psi * step
-                w = tl.load(gw_ptr + cols * stride_gw + (a + j), mask=col_ok, other=0.0) * _decay(j)
-                deriv += w[None, :] * psi * (v - j)
-                tl.store(part_row + (a + j), tl.sum(dpsi * psi, axis=0) * _decay(j), mask=col_ok)
-    dx = dpsi * deriv * dx_scale
-    dx_tile = dx_ptr + rows.to(tl.int64)[:, None] * stride_dxm + cols[None, :] * stride_dxk
-    tl.store(dx_tile, dx.to(dx_ptr.dtype.element_ty), mask=mask)
+    deriv = _grid_sum(u, gw_ptr, cols, col_ok, stride_gw, G, dpsi, part_row)
+    _store(dx_ptr, dpsi * deriv * dx_scale, rows.to(tl.int64), cols, stride_dxm, stride_dxk, row_ok, col_ok)
 
 
 @triton.jit
@@ -165,22 +195,15 @@ def _kan_bwd_dw_kernel(
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
 ):  # fmt: skip
     """dW = dy^T psi(x) with psi computed on the B tile; the loop runs over rows."""
-    pid_n, pid_k = _tile_ids(tl.program_id(0), N, K, BLOCK_N, BLOCK_K, GROUP_M)
-    outs = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
-    cols = pid_k * BLOCK_K + tl.arange(0, BLOCK_K)
-    out_ok, col_ok = outs < N, cols < K
+    pid_n, outs, out_ok, cols, col_ok = _program_tile(N, K, BLOCK_N, BLOCK_K, GROUP_M)
     acc = tl.zeros((BLOCK_N, BLOCK_K), dtype=tl.float32)
     for m0 in range(0, M, BLOCK_M):
-        rows = m0 + tl.arange(0, BLOCK_M)
-        row_ok = rows < M
-        dy_tile = dy_ptr + rows.to(tl.int64)[None, :] * stride_dym + outs[:, None] * stride_dyn
-        dy_t = tl.load(dy_tile, mask=out_ok[:, None] & row_ok[None, :], other=0.0)
-        x_tile = x_ptr + rows.to(tl.int64)[:, None] * stride_xm + cols[None, :] * stride_xk
-        x = tl.load(x_tile, mask=row_ok[:, None] & col_ok[None, :], other=0.0)
-        psi = _psi(x.to(tl.float32) * scale + shift, gw_ptr, cols, col_ok, stride_gw, G)
+        rows, row_ok = _block(m0, BLOCK_M, M)
+        dy_t = _load(dy_ptr, outs, rows.to(tl.int64), stride_dyn, stride_dym, out_ok, row_ok)
+        u = _load_u(x_ptr, rows, cols, stride_xm, stride_xk, row_ok, col_ok, scale, shift)
+        psi = _grid_sum(u, gw_ptr, cols, col_ok, stride_gw, G, None, None)
         acc = _mma(dy_t, psi.to(dy_t.dtype), acc, DOT)
-    dw_tile = dw_ptr + outs[:, None] * stride_dwn + cols[None, :] * stride_dwk
-    tl.store(dw_tile, acc.to(dw_ptr.dtype.element_ty), mask=out_ok[:, None] & col_ok[None, :])
+    _store(dw_ptr, acc, outs, cols, stride_dwn, stride_dwk, out_ok, col_ok)
 
 
 @triton.jit
@@ -192,27 +215,21 @@ def _edge_fwd_kernel(
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
 ):  # fmt: skip
     """y = Phi(x) W^T; each step turns one x tile into the basis tiles of four centers (W as [N, G, K])."""
-    pid_m, pid_n = _tile_ids(tl.program_id(0), M, N, BLOCK_M, BLOCK_N, GROUP_M)
-    rows = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
-    outs = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
-    row_ok, out_ok = rows < M, outs < N
-    x_rows = x_ptr + rows.to(tl.int64)[:, None] * stride_xm
+    pid_m, rows, row_ok, outs, out_ok = _program_tile(M, N, BLOCK_M, BLOCK_N, GROUP_M)
     spans = (G + _SPAN - 1) // _SPAN
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     for step_id in range(0, tl.cdiv(K, BLOCK_K) * spans):
         a = (step_id % spans) * _SPAN
-        cols = (step_id // spans) * BLOCK_K + tl.arange(0, BLOCK_K)
-        col_ok = cols < K
-        x = tl.load(x_rows + cols[None, :] * stride_xk, mask=row_ok[:, None] & col_ok[None, :], other=0.0)
-        _, psi, step = _span_start(x.to(tl.float32) * scale + shift, a)
+        cols, col_ok = _block((step_id // spans) * BLOCK_K, BLOCK_K, K)
+        u = _load_u(x_ptr, rows, cols, stride_xm, stride_xk, row_ok, col_ok, scale, shift)
+        _, psi, step = _span_start(u, a)
         for j in tl.static_range(_SPAN):
             if j > 0:
                 psi = psi * step
             w_tile = w_ptr + outs[None, :] * stride_wn + (a + j) * stride_wg + cols[:, None] * stride_wk
             b = tl.load(w_tile, mask=(col_ok[:, None] & out_ok[None, :]) & (a + j < G), other=0.0)
             acc = _mma((psi * _decay(j)).to(b.dtype), b, acc, DOT)
-    y_tile = y_ptr + rows.to(tl.int64)[:, None] * stride_ym + outs[None, :] * stride_yn
-    tl.store(y_tile, acc.to(y_ptr.dtype.element_ty), mask=row_ok[:, None] & out_ok[None, :])
+    _store(y_ptr, acc, rows.to(tl.int64), outs, stride_ym, stride_yn, row_ok, out_ok)
 
 
 @triton.jit
@@ -224,28 +241,17 @@ def _edge_bwd_dx_kernel(
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
 ):  # fmt: skip
     """dx[:, p] = sum_g (dy W)[:, p, g] phi_g'(x[:, p]): one dy W tile per center, contracted in registers."""
-    pid_m, pid_k = _tile_ids(tl.program_id(0), M, K, BLOCK_M, BLOCK_K, GROUP_M)
-    rows = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
-    cols = pid_k * BLOCK_K + tl.arange(0, BLOCK_K)
-    row_ok, col_ok = rows < M, cols < K
-    mask = row_ok[:, None] & col_ok[None, :]
-    x = tl.load(x_ptr + rows.to(tl.int64)[:, None] * stride_xm + cols[None, :] * stride_xk, mask=mask, other=0.0)
-    u = x.to(tl.float32) * scale + shift
-    dy_rows = dy_ptr + rows.to(tl.int64)[:, None] * stride_dym
+    pid_m, rows, row_ok, cols, col_ok = _program_tile(M, K, BLOCK_M, BLOCK_K, GROUP_M)
+    u = _load_u(x_ptr, rows, cols, stride_xm, stride_xk, row_ok, col_ok, scale, shift)
     dx = tl.zeros((BLOCK_M, BLOCK_K), dtype=tl.float32)
     for g in range(G):
-        dphi = tl.zeros((BLOCK_M, BLOCK_K), dtype=tl.float32)
-        for n0 in range(0, N, BLOCK_N):
-            outs = n0 + tl.arange(0, BLOCK_N)
-            out_ok = outs < N
-            dy = tl.load(dy_rows + outs[None, :] * stride_dyn, mask=row_ok[:, None] & out_ok[None, :], other=0.0)
-            w_tile = w_ptr + outs[:, None] * stride_wn + g * stride_wg + cols[None, :] * stride_wk
-            w = tl.load(w_tile, mask=out_ok[:, None] & col_ok[None, :], other=0.0)
-            dphi = _mma(dy, w, dphi, DOT)
+        dphi = _dy_w(
+            dy_ptr, w_ptr, g * stride_wg, rows, row_ok, cols, col_ok, N, stride_dym, stride_dyn, stride_wn, stride_wk,
+            BLOCK_M, BLOCK_N, BLOCK_K, DOT,
+        )  # fmt: skip
         t = tl.minimum(tl.maximum(u - g, -_T_MAX), _T_MAX)
         dx += dphi * t * tl.exp(-t * t)
-    dx_tile = dx_ptr + rows.to(tl.int64)[:, None] * stride_dxm + cols[None, :] * stride_dxk
-    tl.store(dx_tile, (dx * dx_scale).to(dx_ptr.dtype.element_ty), mask=mask)
+    _store(dx_ptr, dx * dx_scale, rows.to(tl.int64), cols, stride_dxm, stride_dxk, row_ok, col_ok)
 
 
 @triton.jit
@@ -257,21 +263,15 @@ def _edge_bwd_dw_kernel(
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
 ):  # fmt: skip
     """dW[:, p*G + g] = dy^T phi_g(x[:, p]) for the four centers of span program_id(1), stored in W's layout."""
-    pid_n, pid_k = _tile_ids(tl.program_id(0), N, K, BLOCK_N, BLOCK_K, GROUP_M)
+    pid_n, outs, out_ok, cols, col_ok = _program_tile(N, K, BLOCK_N, BLOCK_K, GROUP_M)
     a = tl.program_id(1) * _SPAN
-    outs = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
-    cols = pid_k * BLOCK_K + tl.arange(0, BLOCK_K)
-    out_ok, col_ok = outs < N, cols < K
     zero = tl.zeros((BLOCK_N, BLOCK_K), dtype=tl.float32)
     accs = (zero, zero, zero, zero)  # one per center of the span (_SPAN == 4)
     for m0 in range(0, M, BLOCK_M):
-        rows = m0 + tl.arange(0, BLOCK_M)
-        row_ok = rows < M
-        dy_tile = dy_ptr + rows.to(tl.int64)[None, :] * stride_dym + outs[:, None] * stride_dyn
-        dy_t = tl.load(dy_tile, mask=out_ok[:, None] & row_ok[None, :], other=0.0)
-        x_tile = x_ptr + rows.to(tl.int64)[:, None] * stride_xm + cols[None, :] * stride_xk
-        x = tl.load(x_tile, mask=row_ok[:, None] & col_ok[None, :], other=0.0)
-        _, psi, step = _span_start(x.to(tl.float32) * scale + shift, a)
+        rows, row_ok = _block(m0, BLOCK_M, M)
+        dy_t = _load(dy_ptr, outs, rows.to(tl.int64), stride_dyn, stride_dym, out_ok, row_ok)
+        u = _load_u(x_ptr, rows, cols, stride_xm, stride_xk, row_ok, col_ok, scale, shift)
+        _, psi, step = _span_start(u, a)
         for j in tl.static_range(_SPAN):
             if j > 0:
                 psi = psi * step
@@ -279,8 +279,7 @@ def _edge_bwd_dw_kernel(
             accs = accs[1:] + (_mma(dy_t, phi, accs[0], DOT),)
     for j in tl.static_range(_SPAN):
         dw_tile = dw_ptr + outs[:, None] * stride_dwn + (cols[None, :] * G + a + j) * stride_dwk
-        mask = (out_ok[:, None] & col_ok[None, :]) & (a + j < G)
-        tl.store(dw_tile, accs[j].to(dw_ptr.dtype.element_ty), mask=mask)
+        tl.store(dw_tile, accs[j].to(dw_ptr.dtype.element_ty), mask=(out_ok[:, None] & col_ok[None, :]) & (a + j < G))
 
 
 def _configs(tiles: tuple[tuple[int, int, int, int, int], ...]) -> list[triton.Config]:
@@ -322,9 +321,13 @@ def _kernel(name: str) -> triton.runtime.KernelInterface:
     return triton.autotune(configs=_configs(_TILES[name]), key=["N", "K", "G"], reset_to_zero=reset)(_KERNELS[name])
 
 
-def _launch(name: str, grid, *args, **kwargs) -> None:
-    """Launch a kernel with the interpreter's tiles or the autotuned ones."""
+def _launch(name: str, tiles: tuple[int, int], blocks: str, *args, spans: int = 1, **kwargs) -> None:
+    """Launch a kernel with one program per tile of a tiles[0] x tiles[1] grid, the tile BLOCK_<blocks[0]> x
+    BLOCK_<blocks[1]> (the interpreter's or the autotuned one), times `spans` along the grid's second axis."""
     meta = _INTERP_META if INTERPRET else {}
+    rows, cols = tiles
+    block_r, block_c = (f"BLOCK_{b}" for b in blocks)
+    grid = lambda m: (triton.cdiv(rows, m[block_r]) * triton.cdiv(cols, m[block_c]), spans)  # noqa: E731
     _kernel(name)[grid](*args, **kwargs, **meta)
 
 
@@ -342,12 +345,14 @@ def _grid_constants(grid_min: float, grid_max: float, num_grids: int) -> tuple[f
     return 1.0 / h, -grid_min / h, -2.0 / h
 
 
-def _check(x2d: torch.Tensor, weight: torch.Tensor, k_weight: int) -> None:
-    """Operands are [M, K] and [N, k_weight] on a CUDA device (or under the interpreter)."""
+def _shapes(x2d: torch.Tensor, weight: torch.Tensor, per_channel: int) -> tuple[int, int, int]:
+    """(M, K, N) of x [M, K] and W [N, K * per_channel] on a CUDA device (or under the interpreter)."""
     if not (x2d.is_cuda or INTERPRET):
         raise RuntimeError("the fused KAN kernels need CUDA tensors (or TRITON_INTERPRET=1 before importing triton)")
-    if x2d.dim() != 2 or weight.dim() != 2 or weight.shape[1] != k_weight:
-        raise ValueError(f"expected x [M, K] and weight [N, {k_weight}], got {tuple(x2d.shape)}, {tuple(weight.shape)}")
+    if x2d.dim() != 2 or weight.dim() != 2 or weight.shape[1] != x2d.shape[1] * per_channel:
+        got = f"{tuple(x2d.shape)}, {tuple(weight.shape)}"
+        raise ValueError(f"expected x [M, K] and weight [N, K * {per_channel}], got {got}")
+    return (*x2d.shape, weight.shape[0])
 
 
 def _grid_weight_rows(gw: torch.Tensor, K: int) -> tuple[torch.Tensor, int]:
@@ -362,20 +367,16 @@ def kan_fwd(
     x2d: torch.Tensor, gw: torch.Tensor, weight: torch.Tensor, grid_min: float, grid_max: float
 ) -> torch.Tensor:
     """y = psi(x) W^T for x [M, K], grid weights [1 or K, G], W [N, K]; y in W's dtype."""
-    (M, K), N = x2d.shape, weight.shape[0]
-    _check(x2d, weight, K)
+    M, K, N = _shapes(x2d, weight, 1)
     gw32, stride_gw = _grid_weight_rows(gw, K)
     G = gw32.shape[1]
     scale, shift, _ = _grid_constants(grid_min, grid_max, G)
     y = torch.empty(M, N, device=x2d.device, dtype=weight.dtype)
-    if M == 0:
-        return y
-    grid = lambda m: (triton.cdiv(M, m["BLOCK_M"]) * triton.cdiv(N, m["BLOCK_N"]),)  # noqa: E731
-    _launch(
-        "kan_fwd", grid, x2d, gw32, weight, y, M, N, K,
-        *x2d.stride(), stride_gw, *weight.stride(), *y.stride(),
-        scale, shift, G=G, DOT=_dot_precision(weight.dtype),
-    )  # fmt: skip
+    if M:
+        _launch(
+            "kan_fwd", (M, N), "MN", x2d, gw32, weight, y, M, N, K, *x2d.stride(), stride_gw, *weight.stride(),
+            *y.stride(), scale, shift, G=G, DOT=_dot_precision(weight.dtype),
+        )  # fmt: skip
     return y
 
 
@@ -390,8 +391,7 @@ def kan_bwd(
     need_dw: bool = True,
 ) -> tuple[torch.Tensor | None, torch.Tensor | None, torch.Tensor | None]:
     """(dx in x's dtype, grid-weight grad fp32 [1 or K, G], dW in W's dtype); the first two come together."""
-    (M, K), N = x2d.shape, weight.shape[0]
-    _check(x2d, weight, K)
+    M, K, N = _shapes(x2d, weight, 1)
     gw32, stride_gw = _grid_weight_rows(gw, K)
     G = gw32.shape[1]
     scale, shift, dx_scale = _grid_constants(grid_min, grid_max, G)
@@ -402,26 +402,27 @@ def kan_bwd(
         dx = torch.empty(M, K, device=x2d.device, dtype=x2d.dtype)
         min_block_m = _INTERP_META["BLOCK_M"] if INTERPRET else min(t[0] for t in _TILES["kan_dx"])
         part = torch.zeros(triton.cdiv(M, min_block_m), K, G, device=x2d.device, dtype=torch.float32)
-        if M > 0:
-            grid = lambda m: (triton.cdiv(M, m["BLOCK_M"]) * triton.cdiv(K, m["BLOCK_K"]),)  # noqa: E731
+        if M:
             _launch(
-                "kan_dx", grid, x2d, gw32, weight, dy, dx, part, M, N, K,
+                "kan_dx", (M, K), "MK", x2d, gw32, weight, dy, dx, part, M, N, K,
                 *x2d.stride(), stride_gw, *weight.stride(), *dy.stride(), *dx.stride(),
                 scale, shift, dx_scale, G=G, DOT=dot,
             )  # fmt: skip
         dgw = part.sum(0) if stride_gw else part.sum((0, 1)).unsqueeze(0)
     if need_dw:
-        dw = torch.empty(weight.shape, device=weight.device, dtype=weight.dtype)
-        if M == 0:
-            dw.zero_()
-        else:
-            grid = lambda m: (triton.cdiv(N, m["BLOCK_N"]) * triton.cdiv(K, m["BLOCK_K"]),)  # noqa: E731
+        dw = _empty_weight_grad(weight, M)
+        if M:
             _launch(
-                "kan_dw", grid, x2d, gw32, dy, dw, M, N, K,
-                *x2d.stride(), stride_gw, *dy.stride(), *dw.stride(),
-                scale, shift, G=G, DOT=dot,
+                "kan_dw", (N, K), "NK", x2d, gw32, dy, dw, M, N, K,
+                *x2d.stride(), stride_gw, *dy.stride(), *dw.stride(), scale, shift, G=G, DOT=dot,
             )  # fmt: skip
     return dx, dgw, dw
+
+
+def _empty_weight_grad(weight: torch.Tensor, M: int) -> torch.Tensor:
+    """A contiguous tensor for dW in W's shape and dtype, zero when there are no rows (no kernel then writes it)."""
+    alloc = torch.zeros if M == 0 else torch.empty
+    return alloc(weight.shape, device=weight.device, dtype=weight.dtype)
 
 
 def _by_center(weight: torch.Tensor, K: int, G: int) -> torch.Tensor:
@@ -431,18 +432,15 @@ def _by_center(weight: torch.Tensor, K: int, G: int) -> torch.Tensor:
 
 def edge_fwd(x2d: torch.Tensor, weight: torch.Tensor, grid_min: float, grid_max: float, G: int) -> torch.Tensor:
     """y = Phi(x) W^T for x [M, K], W [N, K*G]; y in W's dtype."""
-    (M, K), N = x2d.shape, weight.shape[0]
-    _check(x2d, weight, K * G)
+    M, K, N = _shapes(x2d, weight, G)
     scale, shift, _ = _grid_constants(grid_min, grid_max, G)
     y = torch.empty(M, N, device=x2d.device, dtype=weight.dtype)
-    if M == 0:
-        return y
-    w3 = _by_center(weight, K, G)
-    grid = lambda m: (triton.cdiv(M, m["BLOCK_M"]) * triton.cdiv(N, m["BLOCK_N"]),)  # noqa: E731
-    _launch(
-        "edge_fwd", grid, x2d, w3, y, M, N, K, *x2d.stride(), *w3.stride(), *y.stride(),
-        scale, shift, G=G, DOT=_dot_precision(weight.dtype),
-    )  # fmt: skip
+    if M:
+        w3 = _by_center(weight, K, G)
+        _launch(
+            "edge_fwd", (M, N), "MN", x2d, w3, y, M, N, K, *x2d.stride(), *w3.stride(), *y.stride(),
+            scale, shift, G=G, DOT=_dot_precision(weight.dtype),
+        )  # fmt: skip
     return y
 
 
@@ -457,30 +455,24 @@ def edge_bwd(
     need_dw: bool = True,
 ) -> tuple[torch.Tensor | None, torch.Tensor | None]:
     """(dx in x's dtype, dW in W's dtype [N, K*G]) of y = Phi(x) W^T."""
-    (M, K), N = x2d.shape, weight.shape[0]
-    _check(x2d, weight, K * G)
+    M, K, N = _shapes(x2d, weight, G)
     scale, shift, dx_scale = _grid_constants(grid_min, grid_max, G)
     dy = dy.to(weight.dtype)
     dot = _dot_precision(weight.dtype)
     dx = dw = None
     if need_dx:
         dx = torch.empty(M, K, device=x2d.device, dtype=x2d.dtype)
-        if M > 0:
+        if M:
             w3 = _by_center(weight, K, G)
-            grid = lambda m: (triton.cdiv(M, m["BLOCK_M"]) * triton.cdiv(K, m["BLOCK_K"]),)  # noqa: E731
             _launch(
-                "edge_dx", grid, x2d, w3, dy, dx, M, N, K,
-                *x2d.stride(), *w3.stride(), *dy.stride(), *dx.stride(),
-                scale, shift, dx_scale, G=G, DOT=dot,
+                "edge_dx", (M, K), "MK", x2d, w3, dy, dx, M, N, K,
+                *x2d.stride(), *w3.stride(), *dy.stride(), *dx.stride(), scale, shift, dx_scale, G=G, DOT=dot,
             )  # fmt: skip
     if need_dw:
-        dw = torch.empty(weight.shape, device=weight.device, dtype=weight.dtype)
-        if M == 0:
-            dw.zero_()
-        else:
-            grid = lambda m: (triton.cdiv(N, m["BLOCK_N"]) * triton.cdiv(K, m["BLOCK_K"]), triton.cdiv(G, 4))  # noqa: E731
+        dw = _empty_weight_grad(weight, M)
+        if M:
             _launch(
-                "edge_dw", grid, x2d, dy, dw, M, N, K, *x2d.stride(), *dy.stride(), *dw.stride(),
-                scale, shift, G=G, DOT=dot,
+                "edge_dw", (N, K), "NK", x2d, dy, dw, M, N, K, *x2d.stride(), *dy.stride(), *dw.stride(),
+                scale, shift, G=G, DOT=dot, spans=triton.cdiv(G, _SPAN),
             )  # fmt: skip
     return dx, dw

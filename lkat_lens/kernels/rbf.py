@@ -82,13 +82,18 @@ def _torch_backward(
     return dx.to(x.dtype), dw.reshape(weight.shape).to(weight.dtype)
 
 
+def _triton_operands(x: torch.Tensor, weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """x as the kernels' contiguous [rows, D] (D = 1 for a shared weight) and the weight as [D, G]."""
+    w = _grid_weight(x, weight)
+    x2d = x.reshape(-1, w.shape[0] if w.dim() == 2 else 1).contiguous()
+    return x2d, w.detach().reshape(x2d.shape[1], -1)
+
+
 def _triton_forward(
     x: torch.Tensor, weight: torch.Tensor, grid_min: float, grid_max: float, out_dtype: torch.dtype
 ) -> torch.Tensor:
     """Fused forward on the Triton kernel, written in out_dtype."""
-    w = _grid_weight(x, weight)
-    x2d = x.reshape(-1, w.shape[0] if w.dim() == 2 else 1).contiguous()
-    w2d = w.detach().reshape(x2d.shape[1], -1)
+    x2d, w2d = _triton_operands(x, weight)
     return rbf_triton.rbf_grid_linear_fwd(x2d, w2d, grid_min, grid_max, out_dtype).view(x.shape)
 
 
@@ -96,9 +101,7 @@ def _triton_backward(
     x: torch.Tensor, weight: torch.Tensor, dy: torch.Tensor, grid_min: float, grid_max: float
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Fused backward on the Triton kernel: dx and dw in one pass."""
-    w = _grid_weight(x, weight)
-    x2d = x.reshape(-1, w.shape[0] if w.dim() == 2 else 1).contiguous()
-    w2d = w.detach().reshape(x2d.shape[1], -1)
+    x2d, w2d = _triton_operands(x, weight)
     dy2d = dy.reshape(x2d.shape).contiguous()
     dx, dw = rbf_triton.rbf_grid_linear_bwd(x2d, w2d, dy2d, grid_min, grid_max)
     return dx.view(x.shape), dw.reshape(weight.shape).to(weight.dtype)

@@ -143,9 +143,44 @@ class VisionGLA(nn.Module):
         return self.g_norm(o) * F.silu(g)
 
 
-class VisionMHSA(nn.Module):
-    """Bidirectional softmax attention with QK RMSNorm and 2D RoPE on patches (rbfKAT / reference KATT);
+class SoftmaxAttention(nn.Module):
+    """Multi-head softmax attention with QK RMSNorm and a subclass's position rotation `rotate` (its RoPE);
     `attn_drop` is dropout on the attention probabilities in training (the reference's SDPA dropout_p)."""
+
+    def __init__(self, dim: int, num_heads: int, *, qkv_bias: bool, attn_drop: float) -> None:
+        super().__init__()
+        if dim % num_heads:
+            raise ValueError(f"dim {dim} is not divisible by num_heads {num_heads}")
+        self.num_heads, self.head_dim, self.attn_drop = num_heads, dim // num_heads, attn_drop
+        self.qkv = nn.Linear(dim, 3 * dim, bias=qkv_bias)
+        self.q_norm = RmsNorm(self.head_dim, eps=1e-6)
+        self.k_norm = RmsNorm(self.head_dim, eps=1e-6)
+        self.proj = nn.Linear(dim, dim)
+        self.hook_q, self.hook_k, self.hook_v = HookPoint(), HookPoint(), HookPoint()
+        self.hook_pattern, self.hook_out = HookPoint(), HookPoint()
+        self.hook_z = HookPoint()  # per-head outputs [B,T,H,dh] before proj
+
+    @property
+    def scale(self) -> float:
+        """Query scale head_dim^-1/2."""
+        return self.head_dim**-0.5
+
+    def rotate(self, x: torch.Tensor) -> torch.Tensor:
+        """The position rotation of q or k [B, T, H, dh]."""
+        raise NotImplementedError
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        q, k, v = self.qkv(x).unflatten(-1, (3, self.num_heads, self.head_dim)).unbind(2)
+        q = self.hook_q(self.rotate(self.q_norm(q)))
+        k = self.hook_k(self.rotate(self.k_norm(k)))
+        v = self.hook_v(v)
+        q, k, v = (t.transpose(1, 2) for t in (q, k, v))
+        o = softmax_attention(q, k, v, self.scale, self.hook_pattern, self.attn_drop if self.training else 0.0)
+        return self.hook_out(self.proj(self.hook_z(o.transpose(1, 2)).flatten(-2)))
+
+
+class VisionMHSA(SoftmaxAttention):
+    """Bidirectional softmax attention with QK RMSNorm and 2D RoPE on patches (rbfKAT / reference KATT)."""
 
     def __init__(
         self,
@@ -157,29 +192,9 @@ class VisionMHSA(nn.Module):
         rope_theta: float = 10000.0,
         attn_drop: float = 0.0,
     ) -> None:
-        super().__init__()
-        if dim % num_heads:
-            raise ValueError(f"dim {dim} is not divisible by num_heads {num_heads}")
-        self.num_heads, self.head_dim, self.attn_drop = num_heads, dim // num_heads, attn_drop
-        self.qkv = nn.Linear(dim, 3 * dim)
-        self.q_norm = RmsNorm(self.head_dim, eps=1e-6)
-        self.k_norm = RmsNorm(self.head_dim, eps=1e-6)
-        self.proj = nn.Linear(dim, dim)
+        super().__init__(dim, num_heads, qkv_bias=True, attn_drop=attn_drop)
         self.rotary = make_rope(rope_mode, grid, self.head_dim, rope_theta)
-        self.hook_q, self.hook_k, self.hook_v = HookPoint(), HookPoint(), HookPoint()
-        self.hook_pattern, self.hook_out = HookPoint(), HookPoint()
-        self.hook_z = HookPoint()  # per-head outputs [B,T,H,dh] before proj
 
-    @property
-    def scale(self) -> float:
-        """Query scale head_dim^-1/2."""
-        return self.head_dim**-0.5
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        q, k, v = self.qkv(x).unflatten(-1, (3, self.num_heads, self.head_dim)).unbind(2)
-        q = self.hook_q(self.rotary(self.q_norm(q)))
-        k = self.hook_k(self.rotary(self.k_norm(k)))
-        v = self.hook_v(v)
-        q, k, v = (t.transpose(1, 2) for t in (q, k, v))
-        o = softmax_attention(q, k, v, self.scale, self.hook_pattern, self.attn_drop if self.training else 0.0)
-        return self.hook_out(self.proj(self.hook_z(o.transpose(1, 2)).flatten(-2)))
+    def rotate(self, x: torch.Tensor) -> torch.Tensor:
+        """2D RoPE on the patch tokens of q or k [B, T, H, dh]."""
+        return self.rotary(x)

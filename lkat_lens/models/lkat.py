@@ -10,12 +10,12 @@ layer; `attn_drop_rate` on GLA's output (before the `drop_rate` dropout) or on M
 from __future__ import annotations
 
 import torch
-from timm.layers import DropPath, PatchEmbed, RmsNorm, trunc_normal_
-from timm.models._features import feature_take_indices
+from timm.layers import DropPath, RmsNorm
 from torch import nn
 
 from .attention import VisionGLA, VisionMHSA
-from .hooks import HookedModel, HookPoint
+from .flat_vit import FlatViT
+from .hooks import HookPoint
 from .kan import KAN, KANLayer
 
 NORMS = {"layernorm": nn.LayerNorm, "rmsnorm": lambda dim: RmsNorm(dim, eps=1e-6)}
@@ -61,30 +61,12 @@ class KANBlock(nn.Module):
         return self.hook_resid_post(x + self.drop_path(self.mlp(self.norm2(x))))
 
 
-class TimmFeatures:
-    """timm's feature-extraction protocol for a flat ViT with `blocks`, `norm` and a head: `feature_info` (set in
-    __init__) and prune_intermediate_layers; forward_intermediates is HookedModel's. With both,
-    timm.create_model(name, features_only=True) gives timm's FeatureGetterNet."""
-
-    def prune_intermediate_layers(
-        self, indices: int | list[int] = 1, prune_norm: bool = False, prune_head: bool = True
-    ) -> list[int]:
-        """timm's: drop the blocks after the last of `indices` (the last n for an int), and the final norm and head
-        when asked; returns the kept indices."""
-        take, max_index = feature_take_indices(len(self.blocks), indices)
-        self.blocks = self.blocks[: max_index + 1]
-        if prune_norm:
-            self.norm = nn.Identity()
-        if prune_head:
-            self.reset_classifier(0)
-        return take
-
-
-class LKAT(TimmFeatures, HookedModel):
+class LKAT(FlatViT):
     """Linear Kolmogorov-Arnold Transformer. Tokens: [patches (N), registers (R), class token (if any)]."""
 
     token_mixer = "gla"
     norm_type = "layernorm"
+    TOKENS = ("pos_embed", "cls_token", "register_tokens")
 
     def __init__(
         self,
@@ -124,11 +106,8 @@ class LKAT(TimmFeatures, HookedModel):
             raise ValueError(f"this LKAT pools with {pool!r} (use_cls_token={use_cls_token}), not {global_pool!r}")
         if num_registers < 1:
             raise ValueError(f"num_registers must be >= 1, got {num_registers}")
-        self.num_classes, self.num_features, self.embed_dim = num_classes, embed_dim, embed_dim
         self.num_registers, self.use_cls_token, self.global_pool = num_registers, bool(use_cls_token), pool
-        self.patch_embed = PatchEmbed(img_size, patch_size, in_chans, embed_dim)
-        self.grid_size = tuple(self.patch_embed.grid_size)
-        self.num_patches = self.patch_embed.num_patches
+        self._embed_patches(img_size, patch_size, in_chans, embed_dim, num_classes)
         self.register_tokens = nn.Parameter(torch.zeros(1, num_registers, embed_dim))
         self.cls_token = nn.Parameter(torch.zeros(1, 1, embed_dim)) if use_cls_token else None
         num_tokens = self.num_patches + num_registers + int(self.use_cls_token)
@@ -167,31 +146,18 @@ class LKAT(TimmFeatures, HookedModel):
             )
             for rate in rates
         )
-        self.feature_info = [dict(module=f"blocks.{i}", num_chs=embed_dim, reduction=patch_size) for i in range(depth)]
-        self.norm = NORMS[self.norm_type](embed_dim)
-        self.hook_final = HookPoint()
-        self.head = nn.Linear(embed_dim, num_classes) if num_classes > 0 else nn.Identity()
-        self._init_weights()
-        self.setup_hooks()
+        self._finish(NORMS[self.norm_type](embed_dim))
 
-    def _init_weights(self) -> None:
-        """Reference initialisation: tokens and plain Linears trunc-normal(0.02); KAN and GLA keep their own."""
-        for p in (self.pos_embed, self.cls_token, self.register_tokens):
-            if p is not None:
-                trunc_normal_(p, std=0.02)
+    def _self_initialised(self) -> set[nn.Module]:
+        """GLA's layers and the KAN layers' own (the reference initialises them itself)."""
         own_init = {sub for m in self.modules() if isinstance(m, VisionGLA) for sub in m.modules()}
-        own_init |= {
+        return own_init | {
             getattr(m, name)
             for m in self.modules()
             if isinstance(m, KANLayer)
             for name in KANLayer.SELF_INITIALISED
             if getattr(m, name, None) is not None
         }
-        for m in self.modules():
-            if isinstance(m, nn.Linear) and m not in own_init:
-                trunc_normal_(m.weight, std=0.02)
-                if m.bias is not None:
-                    nn.init.zeros_(m.bias)
 
     @property
     def token_layout(self) -> dict[str, slice]:
@@ -212,43 +178,20 @@ class LKAT(TimmFeatures, HookedModel):
                 module.kernel_backend = kan
         return self
 
-    @torch.jit.ignore
-    def no_weight_decay(self) -> set[str]:
-        """Parameters exempt from weight decay."""
-        return {name for name in ("pos_embed", "cls_token", "register_tokens") if getattr(self, name) is not None}
-
-    def get_classifier(self) -> nn.Module:
-        """The classification head."""
-        return self.head
-
-    def reset_classifier(self, num_classes: int, global_pool: str | None = None) -> None:
-        """Replace the head with a fresh one for `num_classes` classes."""
-        self.num_classes = num_classes
-        self.head = nn.Linear(self.embed_dim, num_classes) if num_classes > 0 else nn.Identity()
-        if num_classes > 0:
-            trunc_normal_(self.head.weight, std=0.02)
-            nn.init.zeros_(self.head.bias)
-
-    def forward_features(self, x: torch.Tensor) -> torch.Tensor:
-        """Images [B, C, H, W] -> normalised tokens [B, N+R(+1), D]."""
+    def embed(self, x: torch.Tensor) -> torch.Tensor:
+        """Images [B, C, H, W] -> tokens [B, N+R(+1), D]: patches, registers, class token, position embedding."""
         x = self.patch_embed(x)
         b = x.shape[0]
         extra = [t.expand(b, -1, -1) for t in (self.register_tokens, self.cls_token) if t is not None]
         x = torch.cat([x, *extra], dim=1)
         if self.pos_embed is not None:
             x = x + self.pos_embed
-        x = self.hook_embed(self.pos_drop(x))
-        for block in self.blocks:
-            x = block(x)
-        return self.hook_final(self.norm(x))
+        return self.pos_drop(x)
 
     def forward_head(self, x: torch.Tensor, pre_logits: bool = False) -> torch.Tensor:
         """Tokens -> logits, read from the class token (the last one), or the mean of the patch tokens without it."""
         x = x[:, -1] if self.use_cls_token else x[:, : self.num_patches].mean(dim=1)
         return x if pre_logits else self.head(x)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.forward_head(self.forward_features(x))
 
 
 class RbfKAT(LKAT):

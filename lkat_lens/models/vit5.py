@@ -16,12 +16,12 @@ import math
 from typing import Any
 
 import torch
-from timm.layers import DropPath, Mlp, PatchEmbed, RmsNorm, apply_rot_embed, trunc_normal_
+from timm.layers import DropPath, Mlp, RmsNorm, apply_rot_embed
 from torch import nn
 
-from .attention import softmax_attention
-from .hooks import HookedModel, HookPoint
-from .lkat import TimmFeatures
+from .attention import SoftmaxAttention
+from .flat_vit import FlatViT
+from .hooks import HookPoint
 from .registry import register_variants
 
 # timm registry names (registered at import) -> architecture defaults; paper Table "results-cls" ViT-5-*.
@@ -32,6 +32,11 @@ VIT5_VARIANTS: dict[str, dict[str, Any]] = {
     "vit5_base_patch16_224": dict(embed_dim=768, depth=12, num_heads=12),
     "vit5_large_patch16_224": dict(embed_dim=1024, depth=24, num_heads=16),
 }
+
+
+def _check_pool(global_pool: str) -> None:
+    if global_pool != "token":
+        raise ValueError("ViT-5 classifies from its class token; global_pool must be 'token'")
 
 
 def _square_side(count: int, what: str) -> int:
@@ -68,7 +73,7 @@ class AxialRope2D(nn.Module):
         return apply_rot_embed(x.float(), angles.sin(), angles.cos()).to(x.dtype)
 
 
-class ViT5Attention(nn.Module):
+class ViT5Attention(SoftmaxAttention):
     """Softmax attention with QK RMSNorm and 2D RoPE: patches (theta 1e4), register grid (theta 100)."""
 
     def __init__(
@@ -83,24 +88,10 @@ class ViT5Attention(nn.Module):
         reg_theta: float = 100.0,
         attn_drop: float = 0.0,
     ) -> None:
-        super().__init__()
-        if dim % num_heads:
-            raise ValueError(f"dim {dim} is not divisible by num_heads {num_heads}")
-        self.num_heads, self.head_dim, self.attn_drop = num_heads, dim // num_heads, attn_drop
-        self.qkv = nn.Linear(dim, 3 * dim, bias=qkv_bias)
-        self.q_norm = RmsNorm(self.head_dim, eps=1e-6)
-        self.k_norm = RmsNorm(self.head_dim, eps=1e-6)
-        self.proj = nn.Linear(dim, dim)
+        super().__init__(dim, num_heads, qkv_bias=qkv_bias, attn_drop=attn_drop)
         self.rope = AxialRope2D(self.head_dim, grid_side, rope_theta)
         reg_side = _square_side(num_registers, "registers")
         self.rope_reg = AxialRope2D(self.head_dim, reg_side, reg_theta) if num_registers else None
-        self.hook_q, self.hook_k, self.hook_v = HookPoint(), HookPoint(), HookPoint()
-        self.hook_pattern, self.hook_out = HookPoint(), HookPoint()
-
-    @property
-    def scale(self) -> float:
-        """Query scale head_dim^-1/2."""
-        return self.head_dim**-0.5
 
     def rotate(self, x: torch.Tensor) -> torch.Tensor:
         """RoPE on q or k [B, 1+N+R, H, dh]: patches on their grid, registers on theirs, class token as is."""
@@ -109,15 +100,6 @@ class ViT5Attention(nn.Module):
         if self.rope_reg is not None:
             parts.append(self.rope_reg(x[:, 1 + n :]))
         return torch.cat(parts, dim=1)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        q, k, v = self.qkv(x).unflatten(-1, (3, self.num_heads, self.head_dim)).unbind(2)
-        q = self.hook_q(self.rotate(self.q_norm(q)))
-        k = self.hook_k(self.rotate(self.k_norm(k)))
-        v = self.hook_v(v)
-        q, k, v = (t.transpose(1, 2) for t in (q, k, v))
-        o = softmax_attention(q, k, v, self.scale, self.hook_pattern, self.attn_drop if self.training else 0.0)
-        return self.hook_out(self.proj(o.transpose(1, 2).flatten(-2)))
 
 
 class ViT5Block(nn.Module):
@@ -163,8 +145,10 @@ class ViT5Block(nn.Module):
         return self.hook_resid_post(x + self.drop_path(self.gamma_2 * self.mlp(self.norm2(x))))
 
 
-class ViT5(TimmFeatures, HookedModel):
+class ViT5(FlatViT):
     """ViT-5. Tokens: [class token, patches (N), registers (R)]; learned pos embedding on patches only."""
+
+    TOKENS = ("cls_token", "pos_embed", "reg_token")
 
     def __init__(
         self,
@@ -186,13 +170,9 @@ class ViT5(TimmFeatures, HookedModel):
         global_pool: str = "token",
     ) -> None:
         super().__init__()
-        if global_pool != "token":
-            raise ValueError("ViT-5 classifies from its class token; global_pool must be 'token'")
-        self.num_classes, self.num_features, self.embed_dim = num_classes, embed_dim, embed_dim
+        _check_pool(global_pool)
         self.num_registers = num_registers
-        self.patch_embed = PatchEmbed(img_size, patch_size, in_chans, embed_dim)
-        self.grid_size = tuple(self.patch_embed.grid_size)
-        self.num_patches = self.patch_embed.num_patches
+        self._embed_patches(img_size, patch_size, in_chans, embed_dim, num_classes)
         side = _square_side(self.num_patches, "patches")
         self.cls_token = nn.Parameter(torch.zeros(1, 1, embed_dim))
         self.reg_token = nn.Parameter(torch.zeros(1, num_registers, embed_dim)) if num_registers else None
@@ -213,24 +193,8 @@ class ViT5(TimmFeatures, HookedModel):
             )
             for _ in range(depth)
         )
-        self.feature_info = [dict(module=f"blocks.{i}", num_chs=embed_dim, reduction=patch_size) for i in range(depth)]
-        self.norm = RmsNorm(embed_dim, eps=1e-6)
-        self.hook_final = HookPoint()
         self.head_drop = nn.Dropout(drop_rate)
-        self.head = nn.Linear(embed_dim, num_classes) if num_classes > 0 else nn.Identity()
-        self._init_weights()
-        self.setup_hooks()
-
-    def _init_weights(self) -> None:
-        """Reference initialisation: tokens and every Linear trunc-normal(0.02), biases zero."""
-        for p in (self.cls_token, self.pos_embed, self.reg_token):
-            if p is not None:
-                trunc_normal_(p, std=0.02)
-        for m in self.modules():
-            if isinstance(m, nn.Linear):
-                trunc_normal_(m.weight, std=0.02)
-                if m.bias is not None:
-                    nn.init.zeros_(m.bias)
+        self._finish(RmsNorm(embed_dim, eps=1e-6))
 
     @property
     def token_layout(self) -> dict[str, slice]:
@@ -241,44 +205,25 @@ class ViT5(TimmFeatures, HookedModel):
             layout["registers"] = slice(1 + n, 1 + n + r)
         return layout
 
-    @torch.jit.ignore
-    def no_weight_decay(self) -> set[str]:
-        """Parameters exempt from weight decay."""
-        return {name for name in ("pos_embed", "cls_token", "reg_token") if getattr(self, name) is not None}
-
-    def get_classifier(self) -> nn.Module:
-        """The classification head."""
-        return self.head
-
     def reset_classifier(self, num_classes: int, global_pool: str | None = None) -> None:
         """Replace the head with a fresh one for `num_classes` classes."""
-        if global_pool not in (None, "token"):
-            raise ValueError("ViT-5 classifies from its class token; global_pool must be 'token'")
-        self.num_classes = num_classes
-        self.head = nn.Linear(self.embed_dim, num_classes) if num_classes > 0 else nn.Identity()
-        if num_classes > 0:
-            trunc_normal_(self.head.weight, std=0.02)
-            nn.init.zeros_(self.head.bias)
+        if global_pool is not None:
+            _check_pool(global_pool)
+        super().reset_classifier(num_classes)
 
-    def forward_features(self, x: torch.Tensor) -> torch.Tensor:
-        """Images [B, C, H, W] -> normalised tokens [B, 1+N+R, D]."""
+    def embed(self, x: torch.Tensor) -> torch.Tensor:
+        """Images [B, C, H, W] -> tokens [B, 1+N+R, D]: class token, position-embedded patches, registers."""
         x = self.patch_embed(x) + self.pos_embed
         b = x.shape[0]
         tokens = [self.cls_token.expand(b, -1, -1), x]
         if self.reg_token is not None:
             tokens.append(self.reg_token.expand(b, -1, -1))
-        x = self.hook_embed(torch.cat(tokens, dim=1))
-        for block in self.blocks:
-            x = block(x)
-        return self.hook_final(self.norm(x))
+        return torch.cat(tokens, dim=1)
 
     def forward_head(self, x: torch.Tensor, pre_logits: bool = False) -> torch.Tensor:
         """Tokens -> logits, read from the class token (the first one)."""
         x = self.head_drop(x[:, 0])
         return x if pre_logits else self.head(x)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.forward_head(self.forward_features(x))
 
 
 register_variants({name: (ViT5, defaults) for name, defaults in VIT5_VARIANTS.items()})

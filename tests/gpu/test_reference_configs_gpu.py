@@ -9,70 +9,49 @@ import copy
 
 import pytest
 import torch
+from model_paths import give_kan_weight, rel, run, worst_grad
+from test_reference_configs import KATT_CASES, LKAT_CASES
 
 import lkat_lens
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")]
 
 SMALL = dict(img_size=32, patch_size=4, embed_dim=128, depth=2, num_heads=2, num_classes=10)  # 64 patches, head 64
-LKAT_OPTIONS = {
-    "default": {},
-    "rope_2dv0": {"rope_mode": "2dv0"},
-    "rope_theta": {"rope_theta": 100.0},
-    "no_cls_token": {"use_cls_token": False},
-    "no_abs_pos": {"use_abs_pos": False},
-    "registers_1": {"num_registers": 1},
-    "registers_7": {"num_registers": 7},
-    "no_short_conv": {"use_short_conv": False},
-    "conv_size_2": {"conv_size": 2},
-    "expand_k_half": {"expand_k": 0.5},
-    "expand_v_2": {"expand_v": 2.0},
-    "everything": {
-        "rope_mode": "2dv0",
-        "use_cls_token": False,
-        "use_abs_pos": False,
-        "num_registers": 2,
-        "conv_size": 3,
-        "expand_k": 0.5,
-        "expand_v": 2.0,
-    },
-}
+# Cases of the CPU test (tests/test_reference_configs.py) whose options are LKAT keywords as they stand.
+LKAT_OPTION_CASES = (
+    "default",
+    "rope_2dv0",
+    "rope_theta",
+    "no_cls_token",
+    "no_abs_pos",
+    "registers_1",
+    "registers_7",
+    "no_short_conv",
+    "conv_size_2",
+    "expand_k_half",
+    "expand_v_2",
+    "everything",
+)
+LKAT_OPTIONS = {case: LKAT_CASES[case] for case in LKAT_OPTION_CASES}
 RBFKAT_OPTIONS = {
-    "rope_2dv0": {"rope_mode": "2dv0", "rope_theta": 500.0},
+    "rope_2dv0": KATT_CASES["rope_2dv0"],
     "no_cls_no_abs_pos": {"use_cls_token": False, "use_abs_pos": False},
 }
 CASES = [("lkat_tiny_patch16_224", k, v) for k, v in LKAT_OPTIONS.items()]
 CASES += [("rbfkat_tiny_patch16_224", k, v) for k, v in RBFKAT_OPTIONS.items()]
 
 
-def rel(a: torch.Tensor, b: torch.Tensor) -> float:
-    return ((a.float() - b.float()).norm() / b.float().norm()).item()
-
-
-def run(model, x, y):
-    model.zero_grad(set_to_none=True)
-    logits = model(x)
-    torch.nn.functional.cross_entropy(logits, y).backward()
-    grads = {n: p.grad.detach().clone() for n, p in model.named_parameters() if p.grad is not None}
-    return logits.detach(), grads
-
-
 @pytest.mark.parametrize(("name", "case", "options"), CASES, ids=[f"{n.split('_')[0]}-{c}" for n, c, _ in CASES])
 @pytest.mark.parametrize(("attn", "kan"), [("fused_recurrent", "triton"), ("short", "fused"), ("auto", "auto")])
 def test_fast_paths_equal_torch_paths_fp32(name, case, options, attn, kan):
     torch.manual_seed(0)
-    model = lkat_lens.create_model(name, **SMALL, **options).cuda().eval()
-    for m in model.modules():  # reference init makes KAN outputs ~0; give them weight so they are tested
-        if isinstance(m, lkat_lens.models.KANLayer):
-            torch.nn.init.normal_(m.grid_linear.weight, std=0.5)
-            torch.nn.init.normal_(m.dim_linear.weight, std=m.in_features**-0.5)
+    model = give_kan_weight(lkat_lens.create_model(name, **SMALL, **options).cuda().eval())
     x = torch.randn(4, 3, 32, 32, device="cuda")
     y = torch.randint(0, 10, (4,), device="cuda")
     logits_ref, grads_ref = run(copy.deepcopy(model).set_backends(attn="torch", kan="torch"), x, y)
     logits, grads = run(copy.deepcopy(model).set_backends(attn=attn, kan=kan), x, y)
     assert grads.keys() == grads_ref.keys()
     assert rel(logits, logits_ref) < 2e-5, case
-    worst = max((n for n in grads_ref if grads_ref[n].norm() > 0), key=lambda n: rel(grads[n], grads_ref[n]))
-    worst_rel = rel(grads[worst], grads_ref[worst])
+    worst, worst_rel = worst_grad(grads, grads_ref)
     print(f"{name} {case} {attn}/{kan}: logits rel {rel(logits, logits_ref):.2e}, worst grad {worst} {worst_rel:.2e}")
     assert worst_rel < 2e-4, worst
