@@ -79,8 +79,11 @@ def cmd_explore(args: argparse.Namespace) -> None:
 
 def add_data_arguments(parser: argparse.ArgumentParser, num_images: int) -> None:
     """Where a subcommand's images come from and how many it analyses."""
-    parser.add_argument("--data", help="dataset name (default: the checkpoint's)")
-    parser.add_argument("--data-dir", default="data", help="where cifar/imagefolder data live")
+    parser.add_argument(
+        "--data",
+        help="dataset name (default: the checkpoint's); 'images': every image file under --data-dir, without labels",
+    )
+    parser.add_argument("--data-dir", default="data", help="where cifar/imagefolder data or plain images live")
     parser.add_argument("--num-images", type=int, default=num_images, help="held-out images analysed")
     parser.add_argument("--device", help="where the model runs: cpu, cuda or cuda:N (default: cuda when available)")
     parser.add_argument("--batch-size", type=int, default=64, help="images per forward pass of the statistics")

@@ -76,6 +76,10 @@ def on_cpu(result: T) -> T:
     return result
 
 
+class NeedsLabelsError(ValueError):
+    """An analysis that needs labelled images, asked of a sample without labels (a plain image folder)."""
+
+
 def progress_bar(progress: bool | None = None, file: IO[str] | None = None, **kwargs: Any) -> tqdm:
     """A tqdm bar (name it with desc=, count with total= and unit=): shown when `progress` is True, hidden when it is
     False, and when None shown only if `file` (default stderr) is a terminal."""
@@ -226,6 +230,8 @@ class Study:
 
     def class_name(self, index: int) -> str:
         """A class's name (its index when the checkpoint names none)."""
+        if index < 0:
+            return "no label"
         return self.class_names[index] if index < len(self.class_names) else str(index)
 
     # ----------------------------------------------------------------------------------------------- data
@@ -254,7 +260,7 @@ class Study:
         pass and counts the images done, with an ETA; `limit`: the pass reads only that many of them."""
         images = self.shard if images is None else images
         total = len(images) if limit is None else min(limit, len(images))
-        with progress_bar(self.progress, self.progress_file, total=total, desc=what, unit="image", leave=False) as bar:
+        with progress_bar(self.progress, self.progress_file, total=total, desc=what, unit="image") as bar:
             for batch in self._batches(images):
                 yield batch
                 bar.update(min(batch.shape[0], total - bar.n))
@@ -264,9 +270,23 @@ class Study:
         index = slice(image, image + 1) if isinstance(image, int) else image
         return self.sample.images[index]
 
+    @property
+    def has_labels(self) -> bool:
+        """Whether the sample images have labels (a plain image folder has none: no accuracy, no probes)."""
+        return self.sample.labelled
+
+    def require_labels(self, what: str) -> None:
+        """Refuse an analysis that needs labels when the sample has none."""
+        if not self.has_labels:
+            source = self.data_source["name"] or self.info.data.get("name")
+            raise NeedsLabelsError(
+                f"{what} need labelled images; the {source!r} images under the data folder have none"
+            )
+
     @cached_property
     def sample_top1(self) -> float:
-        """Top-1 accuracy on the sample, in percent."""
+        """Top-1 accuracy on the sample, in percent (NeedsLabelsError without labels)."""
+        self.require_labels("top-1 accuracy")
         with torch.no_grad(), full_fp32():
             logits = torch.cat([self.model(on_model(self.model, b)).cpu() for b in self.stream("top-1 accuracy")])
         labels = distributed_stats.shard(self.sample.labels) if self.over_ranks else self.sample.labels
@@ -449,7 +469,9 @@ class Study:
     # ------------------------------------------------------------------------------------------- probes
 
     def probes(self) -> ProbeResults:
-        """Linear probes per depth, fitted on the training-split sample and scored on the held-out sample."""
+        """Linear probes per depth, fitted on the training-split sample and scored on the held-out sample
+        (NeedsLabelsError without labels)."""
+        self.require_labels("linear probes")
         return self.cached(
             ("probes",),
             lambda: probes.linear_probes(
