@@ -74,3 +74,14 @@ def test_analyze_of_a_missing_folder_is_one_line(digits_checkpoint, tmp_path, ca
     argv = ["analyze", str(digits_checkpoint), "--data", "images", "--data-dir", str(tmp_path / "no"), "--no-progress"]
     assert cli.main([*argv, "--out", str(tmp_path / "r.json")]) == 2
     assert "not a folder" in capsys.readouterr().err and not (tmp_path / "r.json").exists()
+
+
+def test_the_explorer_says_why_it_has_no_probes(plain, digits_checkpoint):
+    from lkat_lens.apps.callbacks import predictions_view
+    from lkat_lens.apps.explorer import create_app
+    from lkat_lens.apps.views import probes
+
+    app = create_app(digits_checkpoint, data="images", data_dir=plain, num_images=3, edges=2, device="cpu")
+    ckpt = app.explorer_state[0]
+    assert "need labelled images" in probes.probe_figure(ckpt, depth=1).layout.title.text
+    assert "image 0 (no label) top-5 predictions" in str(predictions_view(ckpt, 0)[0])
