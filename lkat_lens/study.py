@@ -255,10 +255,10 @@ class Study:
         """The sample images this process streams: its rank's contiguous shard under over_ranks, else all."""
         return distributed_stats.shard(self.sample.images) if self.over_ranks else self.sample.images
 
-    def stream(self, what: str, images: torch.Tensor | None = None, limit: int | None = None) -> Iterator[torch.Tensor]:
-        """Batches of `images` (default: this process's shard of the sample) under a progress bar that names the
-        pass and counts the images done, with an ETA; `limit`: the pass reads only that many of them."""
-        images = self.shard if images is None else images
+    def stream(self, what: str, limit: int | None = None) -> Iterator[torch.Tensor]:
+        """Batches of this process's shard of the sample under a progress bar that names the pass and counts the
+        images done, with an ETA; `limit`: the pass reads only that many of them."""
+        images = self.shard
         total = len(images) if limit is None else min(limit, len(images))
         with progress_bar(self.progress, self.progress_file, total=total, desc=what, unit="image") as bar:
             for batch in self._batches(images):
@@ -280,7 +280,8 @@ class Study:
         if not self.has_labels:
             source = self.data_source["name"] or self.info.data.get("name")
             raise NeedsLabelsError(
-                f"{what} need labelled images; the {source!r} images under the data folder have none"
+                f"{what}: this needs labelled images, and the {source!r} images in {self.data_source['data_dir']} "
+                "have none"
             )
 
     @cached_property

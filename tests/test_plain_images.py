@@ -55,7 +55,7 @@ def test_analyses_that_need_labels_say_so(plain, digits_checkpoint):
     study = Study.open(digits_checkpoint, data="images", data_dir=plain, num_images=4, device="cpu")
     assert not study.has_labels and study.class_name(-1) == "no label"
     for ask in (study.probes, lambda: study.sample_top1):
-        with pytest.raises(NeedsLabelsError, match="need labelled images"):
+        with pytest.raises(NeedsLabelsError, match="needs labelled images"):
             ask()
 
 
@@ -63,7 +63,7 @@ def test_the_report_leaves_out_accuracy_and_probes_with_the_reason(plain, digits
     study = Study.open(digits_checkpoint, data="images", data_dir=plain, num_images=6, device="cpu", progress=False)
     found = report.sample_report(study)
     assert found["sample"] == {"images": 6} and set(found["left_out"]) == {"top1_percent", "probes"}
-    assert all("need labelled images" in reason for reason in found["left_out"].values())
+    assert all("needs labelled images" in reason for reason in found["left_out"].values())
     assert "probes" not in report.analyses_for(study) and "attributions" in report.analyses_for(study)
     with torch.no_grad():
         predicted = study.model(study.images(slice(0, 2))).argmax(-1)
@@ -83,5 +83,5 @@ def test_the_explorer_says_why_it_has_no_probes(plain, digits_checkpoint):
 
     app = create_app(digits_checkpoint, data="images", data_dir=plain, num_images=3, edges=2, device="cpu")
     ckpt = app.explorer_state[0]
-    assert "need labelled images" in probes.probe_figure(ckpt, depth=1).layout.title.text
+    assert "needs labelled images" in probes.probe_figure(ckpt, depth=1).layout.title.text
     assert "image 0 (no label) top-5 predictions" in str(predictions_view(ckpt, 0)[0])
