@@ -25,28 +25,39 @@ def cmd_info(args: argparse.Namespace) -> None:
 
 
 def cmd_analyze(args: argparse.Namespace) -> None:
-    """Run every analysis on a sample of the checkpoint's data and write a JSON report."""
+    """Run every analysis on a sample of the checkpoint's data and write a JSON report; under torchrun the ranks
+    share the streamed statistics out (rank 0 writes the report)."""
     import torch
 
+    from lkat_lens import distributed
     from lkat_lens.report import analyze, write_report
     from lkat_lens.study import Study
 
     if args.batch_size < 1:
         raise ValueError(f"--batch-size must be at least 1, got {args.batch_size}")
     torch.manual_seed(args.seed)
-    study = Study.open(
-        args.checkpoint,
-        variant=args.variant,
-        data=args.data,
-        data_dir=args.data_dir,
-        masks_dir=args.masks,
-        num_images=args.num_images,
-        probe_images=args.probe_images,
-        attribution_images=args.attribution_images,
-        device=args.device,
-        batch_size=args.batch_size,
-    )
-    report = analyze(study)
+    device = args.device
+    if distributed.launched_by_torchrun():
+        device = distributed.setup(args.device or "auto").device
+    try:
+        study = Study.open(
+            args.checkpoint,
+            variant=args.variant,
+            data=args.data,
+            data_dir=args.data_dir,
+            masks_dir=args.masks,
+            num_images=args.num_images,
+            probe_images=args.probe_images,
+            attribution_images=args.attribution_images,
+            device=device,
+            batch_size=args.batch_size,
+            progress=args.progress,
+        )
+        report = analyze(study, progress=args.progress)
+    finally:
+        distributed.teardown()
+    if report is None:  # a rank other than 0
+        return
     write_report(report, args.out)
     if study.device.type == "cuda":
         print(f"peak GPU memory: {torch.cuda.max_memory_allocated(study.device) / 2**30:.2f} GiB")
@@ -76,8 +87,11 @@ def cmd_patch(args: argparse.Namespace) -> None:
 
 def add_data_arguments(parser: argparse.ArgumentParser, num_images: int) -> None:
     """Where a subcommand's images come from and how many it analyses."""
-    parser.add_argument("--data", help="dataset name (default: the checkpoint's)")
-    parser.add_argument("--data-dir", default="data", help="where cifar/imagefolder data live")
+    parser.add_argument(
+        "--data",
+        help="dataset name (default: the checkpoint's); 'images': every image file under --data-dir, without labels",
+    )
+    parser.add_argument("--data-dir", default="data", help="where cifar/imagefolder data or plain images live")
     parser.add_argument(
         "--masks",
         metavar="DIR",
@@ -87,6 +101,13 @@ def add_data_arguments(parser: argparse.ArgumentParser, num_images: int) -> None
     parser.add_argument("--num-images", type=int, default=num_images, help="held-out images analysed")
     parser.add_argument("--device", help="where the model runs: cpu, cuda or cuda:N (default: cuda when available)")
     parser.add_argument("--batch-size", type=int, default=64, help="images per forward pass of the statistics")
+
+
+def add_progress_argument(parser: argparse.ArgumentParser) -> None:
+    """--progress / --no-progress: the bars naming each step and pass, with images done and an ETA."""
+    parser.add_argument(
+        "--progress", action=argparse.BooleanOptionalAction, help="progress bars (default: when stderr is a terminal)"
+    )
 
 
 def add_checkpoint_argument(parser: argparse.ArgumentParser) -> None:
@@ -112,6 +133,7 @@ def build_parser() -> argparse.ArgumentParser:
     analyze.add_argument("--attribution-images", type=int, default=4)
     analyze.add_argument("--seed", type=int, default=0)
     analyze.add_argument("--out", default="report.json")
+    add_progress_argument(analyze)
     analyze.set_defaults(func=cmd_analyze)
 
     figs = sub.add_parser("figures", help="write edge-function grids, gate, norm, attention and attribution figures")
@@ -123,6 +145,7 @@ def build_parser() -> argparse.ArgumentParser:
     figs.add_argument("--edges", type=int, default=16, help="edge functions per layer grid (most important first)")
     figs.add_argument("--overlay-images", type=int, default=4, help="images shown with attention/attribution maps")
     figs.add_argument("--seed", type=int, default=0)
+    add_progress_argument(figs)
     figs.set_defaults(func=cmd_figures)
 
     explore = sub.add_parser("explore", help="serve the interactive explorer of one or more checkpoints")

@@ -20,6 +20,7 @@ from timm.data.transforms import MaybeToTensor, str_to_interp_mode, str_to_pil_i
 from torch.utils.data import Dataset
 from torchvision import transforms
 from torchvision.datasets import CIFAR10, CIFAR100, ImageFolder
+from torchvision.datasets.folder import IMG_EXTENSIONS, default_loader
 
 from .shapes import ShapesDataset
 
@@ -121,6 +122,8 @@ def build_dataset(
         return _cifar(name, split, Path(data_dir), transform, download)
     if name == "imagefolder":
         return _image_folder(split, Path(data_dir), transform)
+    if name == PLAIN_FOLDER:
+        return PlainImageFolder(Path(data_dir), transform)
     raise DataError(f"unknown dataset {name!r}; choose from {', '.join(DATASETS)}")
 
 
@@ -145,6 +148,35 @@ def _image_folder(split: str, root: Path, transform: Transform | None) -> Datase
         return ImageFolder(str(folder), transform=transform)
     except (FileNotFoundError, OSError) as err:
         raise DataError(f"could not read image folder {folder}: {err}") from None
+
+
+PLAIN_FOLDER = "images"  # every image file under --data-dir, without labels (both splits are the same images)
+NO_LABEL = -1  # the label of an image without one
+
+
+class PlainImageFolder(Dataset):
+    """Every image file under a folder (sub-folders included), in sorted path order, without labels (NO_LABEL):
+    the analyses that need labels (accuracy, probes) leave it out; attributions explain the predicted class."""
+
+    classes: list[str] = []
+
+    def __init__(self, root: Path, transform: Transform | None = None) -> None:
+        if not root.is_dir():
+            raise DataError(f"--data {PLAIN_FOLDER} reads every image file under --data-dir; {root} is not a folder")
+        self.files = sorted(p for p in root.rglob("*") if p.is_file() and p.suffix.lower() in IMG_EXTENSIONS)
+        if not self.files:
+            raise DataError(f"no image files ({', '.join(IMG_EXTENSIONS)}) under {root}")
+        self.transform = transform
+
+    def __len__(self) -> int:
+        return len(self.files)
+
+    def __getitem__(self, index: int) -> tuple[Any, int]:
+        try:
+            img = default_loader(str(self.files[index]))
+        except OSError as err:
+            raise DataError(f"could not read image {self.files[index]}: {err}") from None
+        return (self.transform(img) if self.transform else img), NO_LABEL
 
 
 def check_same_classes(train: Dataset, val: Dataset) -> list[str]:
@@ -243,8 +275,13 @@ class Sample:
     [N, H, W] in the geometry of `images` (True on the object; from the dataset, e.g. shapes, or a masks folder)."""
 
     images: torch.Tensor
-    labels: torch.Tensor
+    labels: torch.Tensor  # NO_LABEL for an image without one
     masks: torch.Tensor | None = None
+
+    @property
+    def labelled(self) -> bool:
+        """Whether every image has a label (accuracy and probes need them)."""
+        return bool((self.labels != NO_LABEL).all())
 
 
 def load_sample(

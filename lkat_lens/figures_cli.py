@@ -24,7 +24,7 @@ from .analyses.edge_functions import EdgeCurves
 from .figures.training import telemetry_figures
 from .images import display_images
 from .runs import checkpoint_of, run_folder_of
-from .study import Study
+from .study import Study, progress_bar
 
 FORMATS = ("png", "svg", "pdf", "html")
 STATIC_FORMATS = ("png", "svg", "pdf")
@@ -213,7 +213,7 @@ def make_figures(
     overlay_images: int = 4,
     seed: int = 0,
     variant: str | None = None,
-    progress: bool = True,
+    progress: bool | None = None,
     device: str | None = None,
     batch_size: int = 64,
 ) -> list[Path]:
@@ -239,10 +239,11 @@ def make_figures(
         attribution_images=overlay_images,
         device=device,
         batch_size=batch_size,
+        progress=progress,
     )
     chosen = parse_blocks(blocks, study.num_blocks)
     check_kan_blocks(study, chosen)
-    with tqdm(total=len(chosen) + 7, disable=not progress, unit="step") as bar:
+    with progress_bar(progress, total=len(chosen) + 7, unit="step") as bar:
         bar.set_description("loading the data sample")
         study.sample  # noqa: B018 (loaded here so the bar names the step)
         bar.update()
@@ -286,5 +287,6 @@ def cmd_figures(args: argparse.Namespace) -> None:
         variant=args.variant,
         device=args.device,
         batch_size=args.batch_size,
+        progress=args.progress,
     )
     print(f"wrote {len(paths)} figures and index.html to {args.out}")

@@ -14,12 +14,24 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, fields, is_dataclass, replace
 from functools import cached_property
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import IO, Any, TypeVar
 
 import torch
 from torch import nn
+from tqdm.auto import tqdm
 
-from .analyses import attention, attributions, edge_functions, gates, grid_span, interventions, parts, probes, tokens
+from .analyses import (
+    attention,
+    attributions,
+    distributed_stats,
+    edge_functions,
+    gates,
+    grid_span,
+    interventions,
+    parts,
+    probes,
+    tokens,
+)
 from .analyses.attention import AttentionMatrices, ClsAttention, Rollout
 from .analyses.attributions import Attribution, FaithfulnessCurves
 from .analyses.batching import batches, full_fp32, on_model
@@ -71,6 +83,16 @@ def on_cpu(result: T) -> T:
     return result
 
 
+class NeedsLabelsError(ValueError):
+    """An analysis that needs labelled images, asked of a sample without labels (a plain image folder)."""
+
+
+def progress_bar(progress: bool | None = None, file: IO[str] | None = None, **kwargs: Any) -> tqdm:
+    """A tqdm bar (name it with desc=, count with total= and unit=): shown when `progress` is True, hidden when it is
+    False, and when None shown only if `file` (default stderr) is a terminal."""
+    return tqdm(disable=None if progress is None else not progress, file=file, dynamic_ncols=True, **kwargs)
+
+
 def resolve_device(device: str | torch.device | None = None) -> torch.device:
     """The device to study on: the one named, or CUDA when available, else the CPU (a clear error for a device
     this machine does not have)."""
@@ -100,7 +122,13 @@ class Study:
         masks_dir: str | os.PathLike | None = None,
         defaults: StudyDefaults = StudyDefaults(),
         device: str | torch.device | None = None,
+        progress: bool | None = None,
+        progress_file: IO[str] | None = None,
+        over_ranks: bool | None = None,
     ) -> None:
+        """progress: bars for the streaming passes (None: at a terminal only). over_ranks (default: whether a
+        torch.distributed process group is initialised): each rank streams its shard of the sample and the
+        statistics cover every rank's (analyses.distributed_stats); then every rank must call them in one order."""
         if not info.data:
             raise ValueError(f"{info.path} records no dataset or normalisation; pass a lkat-lens checkpoint")
         self.model = model.eval() if device is None else model.eval().to(device)
@@ -114,6 +142,15 @@ class Study:
         self._cache: dict[tuple, Any] = {}
         self._lock = threading.RLock()
         self.computed: list[tuple] = []
+        self.over_ranks = distributed_stats.active() if over_ranks is None else over_ranks
+        self.rank = distributed_stats.rank_and_size()[0] if self.over_ranks else 0
+        self.progress = False if self.rank else progress
+        self.progress_file = progress_file
+
+    @property
+    def is_main(self) -> bool:
+        """Whether this process writes results (rank 0, or the only process)."""
+        return self.rank == 0
 
     @classmethod
     def open(
@@ -125,6 +162,9 @@ class Study:
         data_dir: str | os.PathLike = "data",
         masks_dir: str | os.PathLike | None = None,
         device: str | torch.device | None = None,
+        progress: bool | None = None,
+        progress_file: IO[str] | None = None,
+        over_ranks: bool | None = None,
         **defaults: Any,
     ) -> Study:
         """Load a checkpoint (or a reference state_dict with `variant`) and study it on `device` (default: CUDA when
@@ -132,8 +172,18 @@ class Study:
         keywords set StudyDefaults."""
         device = resolve_device(device)
         model, info = load(path, variant=variant)
-        defaults = StudyDefaults(**defaults)
-        return cls(model, info, data=data, data_dir=data_dir, masks_dir=masks_dir, defaults=defaults, device=device)
+        return cls(
+            model,
+            info,
+            data=data,
+            data_dir=data_dir,
+            masks_dir=masks_dir,
+            defaults=StudyDefaults(**defaults),
+            device=device,
+            progress=progress,
+            progress_file=progress_file,
+            over_ranks=over_ranks,
+        )
 
     # ---------------------------------------------------------------------------------------------- parts
 
@@ -192,6 +242,8 @@ class Study:
 
     def class_name(self, index: int) -> str:
         """A class's name (its index when the checkpoint names none)."""
+        if index < 0:
+            return "no label"
         return self.class_names[index] if index < len(self.class_names) else str(index)
 
     # ----------------------------------------------------------------------------------------------- data
@@ -213,17 +265,51 @@ class Study:
         """The images in batches of the study's batch size."""
         return batches(images, self.defaults.batch_size)
 
+    @property
+    def shard(self) -> torch.Tensor:
+        """The sample images this process streams: its rank's contiguous shard under over_ranks, else all."""
+        return distributed_stats.shard(self.sample.images) if self.over_ranks else self.sample.images
+
+    def stream(self, what: str, limit: int | None = None) -> Iterator[torch.Tensor]:
+        """Batches of this process's shard of the sample under a progress bar that names the pass and counts the
+        images done, with an ETA; `limit`: the pass reads only that many of them."""
+        images = self.shard
+        total = len(images) if limit is None else min(limit, len(images))
+        with progress_bar(self.progress, self.progress_file, total=total, desc=what, unit="image") as bar:
+            for batch in self._batches(images):
+                yield batch
+                bar.update(min(batch.shape[0], total - bar.n))
+
     def images(self, image: int | slice) -> torch.Tensor:
         """Sample images by index (one index keeps a batch dimension of 1)."""
         index = slice(image, image + 1) if isinstance(image, int) else image
         return self.sample.images[index]
 
+    @property
+    def has_labels(self) -> bool:
+        """Whether the sample images have labels (a plain image folder has none: no accuracy, no probes)."""
+        return self.sample.labelled
+
+    def require_labels(self, what: str) -> None:
+        """Refuse an analysis that needs labels when the sample has none."""
+        if not self.has_labels:
+            source = self.data_source["name"] or self.info.data.get("name")
+            raise NeedsLabelsError(
+                f"{what}: this needs labelled images, and the {source!r} images in {self.data_source['data_dir']} "
+                "have none"
+            )
+
     @cached_property
     def sample_top1(self) -> float:
-        """Top-1 accuracy on the sample, in percent."""
+        """Top-1 accuracy on the sample, in percent (NeedsLabelsError without labels)."""
+        self.require_labels("top-1 accuracy")
         with torch.no_grad(), full_fp32():
-            logits = torch.cat([self.model(on_model(self.model, b)).cpu() for b in self._batches(self.sample.images)])
-        return 100.0 * (logits.argmax(-1) == self.sample.labels).float().mean().item()
+            logits = torch.cat([self.model(on_model(self.model, b)).cpu() for b in self.stream("top-1 accuracy")])
+        labels = distributed_stats.shard(self.sample.labels) if self.over_ranks else self.sample.labels
+        correct = int((logits.argmax(-1) == labels).sum())
+        if self.over_ranks:
+            correct = distributed_stats.count_over_ranks(correct)
+        return 100.0 * correct / len(self.sample.labels)
 
     # -------------------------------------------------------------------------------------------- caching
 
@@ -243,7 +329,7 @@ class Study:
         return self.cached(
             ("layer_statistics",),
             lambda: edge_functions.layer_statistics(
-                self.model, self.sample.images, batch_size=self.defaults.batch_size
+                self.model, self.stream("KAN layer statistics"), over_ranks=self.over_ranks
             ),
         )
 
@@ -251,7 +337,11 @@ class Study:
         """The share of its RBF grid every KAN layer's inputs occupy on the sample (analyses.grid_span)."""
         return self.cached(
             ("span_shares",),
-            lambda: grid_span.layer_span_shares(self.model, self.sample.images, batch_size=self.defaults.batch_size),
+            lambda: grid_span.layer_span_shares(
+                self.model,
+                self.stream("grid span of the KAN inputs", limit=grid_span.SPAN_IMAGES),
+                over_ranks=self.over_ranks,
+            ),
         )
 
     def span_share(self, block: int, layer: str) -> float:
@@ -263,7 +353,7 @@ class Study:
         return self.cached(
             ("edge_summary",),
             lambda: edge_functions.summarize_edge_functions(
-                self.model, self.sample.images, batch_size=self.defaults.batch_size
+                self.model, self.stream("KAN edge functions"), over_ranks=self.over_ranks
             ),
         )
 
@@ -301,7 +391,7 @@ class Study:
             return None
         return self.cached(
             ("gates",),
-            lambda: gates.gate_statistics(self.model, self.sample.images, batch_size=self.defaults.batch_size),
+            lambda: gates.gate_statistics(self.model, self.stream("GLA forget gates"), over_ranks=self.over_ranks),
         )
 
     def block_gates(self, block: int) -> GateStats | None:
@@ -318,7 +408,7 @@ class Study:
         """Token norms across depth on the sample."""
         return self.cached(
             ("tokens",),
-            lambda: tokens.token_norms(self.model, self.sample.images, batch_size=self.defaults.batch_size),
+            lambda: tokens.token_norms(self.model, self.stream("token norms"), over_ranks=self.over_ranks),
         )
 
     # ---------------------------------------------------------------------------------------- attention
@@ -395,7 +485,9 @@ class Study:
     # ------------------------------------------------------------------------------------------- probes
 
     def probes(self) -> ProbeResults:
-        """Linear probes per depth, fitted on the training-split sample and scored on the held-out sample."""
+        """Linear probes per depth, fitted on the training-split sample and scored on the held-out sample
+        (NeedsLabelsError without labels)."""
+        self.require_labels("linear probes")
         return self.cached(
             ("probes",),
             lambda: probes.linear_probes(

@@ -207,7 +207,7 @@ def test_cli_html_without_browser(digits_checkpoint, tmp_path, monkeypatch, caps
     assert not (tmp_path / "png").exists()
     runs = [tmp_path / "a", tmp_path / "b"]
     for out in runs:
-        assert run_figures([*argv, "--format", "html", "--out", str(out)]) == 0
+        assert run_figures([*argv, "--format", "html", "--out", str(out), "--progress"]) == 0
         progress = capsys.readouterr().err  # the bar names each step, from the sample to the files written
         for step in ["loading the data sample", "edge functions, block 1", "token norms", "writing"]:
             assert step in progress, progress[-2000:]

@@ -31,6 +31,7 @@ def test_analyze_writes_every_analysis(digits_checkpoint, tmp_path, capsys):
         "2",
         "--out",
         str(out),
+        "--progress",  # capsys is no terminal: the bars are off unless asked for
     ]
     assert cli.main(["analyze", *argv]) == 0
     report = strict_json(out)

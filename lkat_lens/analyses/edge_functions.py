@@ -24,6 +24,7 @@ from torch import nn
 
 from lkat_lens.models.kan import KAN, KANLayer
 
+from . import distributed_stats
 from .parts import eval_mode, kan_layers
 from .serialize import json_ready
 from .symbolic import SymbolicFitResult, SymbolicFunction, fit_symbolic
@@ -216,6 +217,25 @@ class StreamingMoments:
         self.sq = sq if self.sq is None else self.sq + sq
         self.count += n
 
+    def combine_over_ranks(self) -> None:
+        """Make these sums cover the samples of every rank (distributed_stats): each rank re-centres its sums on
+        the count-weighted mean of the ranks' shifts, then the sums are added (exact up to float64 rounding)."""
+        if not distributed_stats.active():
+            return
+        if self.count == 0:
+            raise ValueError("every rank needs samples to combine streamed moments")
+        total = distributed_stats.count_over_ranks(self.count)
+        shift = distributed_stats.sum_over_ranks(self.shift * self.count) / total
+        d = (self.shift - shift).squeeze(self.sample_dim)  # this rank's shift minus the common one
+        sq = self.sq + self.count * (d.unsqueeze(-1) * d.unsqueeze(-2) if self.outer else d.square())
+        if self.outer:
+            sq = sq + self.sum.unsqueeze(-1) * d.unsqueeze(-2) + d.unsqueeze(-1) * self.sum.unsqueeze(-2)
+        else:
+            sq = sq + 2 * d * self.sum
+        self.sum = distributed_stats.sum_over_ranks(self.sum + self.count * d)
+        self.sq = distributed_stats.sum_over_ranks(sq)
+        self.shift, self.count = shift, total
+
     @property
     def mean(self) -> torch.Tensor:
         """The mean over all samples seen."""
@@ -316,6 +336,16 @@ class LayerMoments:
         self.underflow += int((x < lo).sum())
         self.overflow += int((x > hi).sum())
 
+    def combine_over_ranks(self) -> None:
+        """Make the statistics cover the samples of every rank (distributed_stats; a no-op without one)."""
+        for moments in (self.features, self.inputs, self.outputs, self.gated):
+            if moments is not None:
+                moments.combine_over_ranks()
+        self.counts = distributed_stats.sum_over_ranks(self.counts)
+        self.outside = distributed_stats.sum_over_ranks(self.outside)
+        self.underflow = distributed_stats.count_over_ranks(self.underflow)
+        self.overflow = distributed_stats.count_over_ranks(self.overflow)
+
     def statistics(self) -> LayerStatistics:
         """The statistics of everything seen so far."""
         if self.features.count < 2:
@@ -388,8 +418,10 @@ def layer_statistics(
     batch_size: int | None = None,
     bins: int = DEFAULT_BINS,
     margin: float = CURVE_MARGIN,
+    over_ranks: bool = False,
 ) -> dict[str, LayerStatistics]:
-    """Stream inputs through the model (eval mode, no grad) and collect statistics of its KAN layers."""
+    """Stream inputs through the model (eval mode, no grad) and collect statistics of its KAN layers; with
+    `over_ranks`, `inputs` are this rank's shard and the statistics cover every rank's (distributed_stats)."""
     found = kan_layers(model)
     if not found:
         raise ValueError(f"{type(model).__name__} has no KANLayer")
@@ -403,6 +435,9 @@ def layer_statistics(
     with eval_mode(model), torch.no_grad(), _capture(found, moments):
         for batch in _batches(inputs, batch_size):
             model(batch.to(device))
+    if over_ranks:
+        for acc in moments.values():
+            acc.combine_over_ranks()
     return {name: acc.statistics() for name, acc in moments.items()}
 
 
@@ -758,8 +793,10 @@ def summarize_edge_functions(
     top_k: int = 10,
     batch_size: int | None = None,
     bins: int = DEFAULT_BINS,
+    over_ranks: bool = False,
 ) -> EdgeFunctionSummary:
-    """Per block and layer: importance, coverage, shape diversity, top-k edges and pykan attribution."""
+    """Per block and layer: importance, coverage, shape diversity, top-k edges and pykan attribution (with
+    `over_ranks`, `images` are this rank's shard and the summary covers every rank's)."""
     counted: list[int] = []
 
     def counting(batches: Iterable[torch.Tensor]) -> Iterator[torch.Tensor]:
@@ -767,7 +804,7 @@ def summarize_edge_functions(
             counted.append(batch.shape[0])
             yield batch
 
-    stats = layer_statistics(model, counting(_batches(images, batch_size)), bins=bins)
+    stats = layer_statistics(model, counting(_batches(images, batch_size)), bins=bins, over_ranks=over_ranks)
     layers = kan_layers(model)
     summaries: dict[str, LayerSummary] = {}
     attributions: dict[str, BlockAttribution] = {}
@@ -788,4 +825,5 @@ def summarize_edge_functions(
     for name, layer_stats in stats.items():
         if name not in summaries:
             summaries[name] = summarize_layer(layers[name], layer_stats, top_k)[0]
-    return EdgeFunctionSummary(num_images=sum(counted), layers=summaries, attributions=attributions)
+    num_images = distributed_stats.count_over_ranks(sum(counted)) if over_ranks else sum(counted)
+    return EdgeFunctionSummary(num_images=num_images, layers=summaries, attributions=attributions)

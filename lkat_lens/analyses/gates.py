@@ -18,6 +18,7 @@ import torch
 
 from lkat_lens.models.hooks import HookedModel
 
+from . import distributed_stats
 from .batching import Images, batches, on_model
 from .parts import gla_blocks
 from .serialize import json_ready
@@ -140,10 +141,12 @@ def gate_statistics(
     *,
     batch_size: int | None = None,
     quantile_images: int = QUANTILE_IMAGES,
+    over_ranks: bool = False,
 ) -> GateStats:
     """Forget-gate values, distribution and half-lives of every GLA block of `model` on `images`, streamed in
     batches of `batch_size` on the model's device. Means, token-type and patch maps run over all images; the
     quantiles and the histogram over the first `quantile_images` (exact nearest-rank there: they need every value).
+    With `over_ranks`, `images` are this rank's shard and the statistics cover every rank's (distributed_stats).
     """
     blocks = gla_blocks(model)
     if not blocks:
@@ -165,8 +168,14 @@ def gate_statistics(
         if kept_images < quantile_images:
             kept.append(gk32[:, : quantile_images - kept_images])  # float32: half the memory, the same values
             kept_images += kept[-1].shape[1]
+    first = torch.cat(kept, dim=1)
+    if over_ranks:
+        images_seen, tokens = (distributed_stats.count_over_ranks(n) for n in (images_seen, tokens))
+        sums, patch_sums = (distributed_stats.sum_over_ranks(t) for t in (sums, patch_sums))
+        by_type = {name: distributed_stats.sum_over_ranks(t) for name, t in by_type.items()}
+        first = distributed_stats.first_over_ranks(first, quantile_images, dim=1)
     levels = torch.tensor(quantiles, dtype=torch.float64)
-    channel_quantiles, head_quantiles, edges, counts = _distribution(torch.cat(kept, dim=1), levels, bins)
+    channel_quantiles, head_quantiles, edges, counts = _distribution(first, levels, bins)
     channels = kept[0].shape[-1]
     return GateStats(
         blocks=blocks,

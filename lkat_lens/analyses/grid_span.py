@@ -7,6 +7,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from . import distributed_stats
 from .batching import Images, batches, on_model
 from .parts import eval_mode, kan_layers
 
@@ -34,10 +35,16 @@ SPAN_IMAGES = 64  # the quantiles are taken over at most this many (the first) i
 
 @torch.no_grad()
 def layer_span_shares(
-    model: nn.Module, images: Images, *, batch_size: int | None = None, max_images: int = SPAN_IMAGES
+    model: nn.Module,
+    images: Images,
+    *,
+    batch_size: int | None = None,
+    max_images: int = SPAN_IMAGES,
+    over_ranks: bool = False,
 ) -> dict[str, float]:
     """grid_span_share of every KAN layer's inputs (its hook_in) on the first `max_images` of `images`, fed in
-    batches of `batch_size` on the model's device, by layer name."""
+    batches of `batch_size` on the model's device, by layer name. With `over_ranks`, `images` are this rank's shard
+    and the first `max_images` are those of every rank's in rank order (distributed_stats)."""
     layers = kan_layers(model)
     if not layers:
         return {}
@@ -53,7 +60,10 @@ def layer_span_shares(
             for name in names:
                 kept[name].append(cache[name])
             seen += batch.shape[0]
+    first = {name: torch.cat(found) for name, found in kept.items()}
+    if over_ranks:
+        first = {name: distributed_stats.first_over_ranks(x, max_images) for name, x in first.items()}
     return {
-        name: grid_span_share(torch.cat(kept[f"{name}.hook_in"]), layer.rbf.grid_min, layer.rbf.grid_max)
+        name: grid_span_share(first[f"{name}.hook_in"], layer.rbf.grid_min, layer.rbf.grid_max)
         for name, layer in layers.items()
     }

@@ -15,6 +15,7 @@ import torch
 
 from lkat_lens.models.hooks import HookedModel
 
+from . import distributed_stats
 from .batching import Images, batches, on_model
 from .parts import residual_names
 
@@ -100,15 +101,19 @@ def token_norms(
     ratio: float = OUTLIER_RATIO,
     *,
     batch_size: int | None = None,
+    over_ranks: bool = False,
 ) -> TokenNorms:
     """Token L2 norms by depth and high-norm outlier patches of a hooked model (LKAT, rbfKAT, ViT-5, timm ViT),
-    streamed in batches of `batch_size` on the model's device (only the norms are kept)."""
+    streamed in batches of `batch_size` on the model's device (only the norms are kept). With `over_ranks`,
+    `images` are this rank's shard and the norms are every rank's, in rank order (distributed_stats)."""
     names = residual_names(model)
     found = []
     for batch in batches(images, batch_size):
         _, cache = model.run_with_cache(on_model(model, batch), names=names)
         found.append(torch.stack([torch.linalg.norm(cache[n].float(), dim=-1) for n in names]))
     norms = torch.cat(found, dim=1)
+    if over_ranks:
+        norms = distributed_stats.cat_over_ranks(norms, dim=1)
     layout = model.token_layout
     patches = norms[..., layout["patches"]]
     thresholds = outlier_threshold(patches.flatten(1), z, ratio)

@@ -15,8 +15,9 @@ from .views import VIEWS
 
 def predictions_view(ckpt: CheckpointState, image: int) -> list:
     """The top-k predictions of the current image, with its label."""
-    name = ckpt.class_name(int(ckpt.sample.labels[image]))
-    return topk_list(f"image {image} (label {name})", ckpt.predictions(image))
+    label = int(ckpt.sample.labels[image])
+    subject = f"image {image} (label {ckpt.class_name(label)})" if label >= 0 else f"image {image} (no label)"
+    return topk_list(subject, ckpt.predictions(image))
 
 
 def upload_predictions_view(ckpt: CheckpointState, contents: str, filename: str | None) -> list:

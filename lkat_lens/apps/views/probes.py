@@ -7,9 +7,10 @@ import plotly.graph_objects as go
 from dash import Input, Output, dcc, html
 
 from lkat_lens import figures
-from lkat_lens.apps.state import ExplorerState
+from lkat_lens.apps.state import CheckpointState, ExplorerState
+from lkat_lens.study import NeedsLabelsError
 
-from .common import compare_panel, fill_pane, graph, require_tab, side_by_side, static_graph
+from .common import compare_panel, fill_pane, graph, message_figure, require_tab, side_by_side, static_graph
 
 TAB = "probes"
 
@@ -26,6 +27,14 @@ def tab(state: ExplorerState) -> dcc.Tab:
     )
 
 
+def probe_figure(ckpt: CheckpointState, depth: int) -> go.Figure:
+    """Probe accuracy per depth with `depth` marked, or why there is none (a sample without labels)."""
+    try:
+        return figures.probe_figure(ckpt.probes(), depth=depth)
+    except NeedsLabelsError as err:
+        return message_figure(str(err))
+
+
 def register(app: dash.Dash, state: ExplorerState) -> None:
     """Probe callbacks."""
 
@@ -35,7 +44,7 @@ def register(app: dash.Dash, state: ExplorerState) -> None:
     def probe(tab_value: str, index: int, block: int) -> go.Figure:
         """Probe accuracy per depth, the current block's output marked."""
         require_tab(tab_value, TAB)
-        return fill_pane(figures.probe_figure(state[index].probes(), depth=block + 1))
+        return fill_pane(probe_figure(state[index], depth=block + 1))
 
     @app.callback(
         Output("compare-probes", "children"), Input("tabs", "value"), Input("compare", "value"), Input("block", "value")
@@ -46,6 +55,6 @@ def register(app: dash.Dash, state: ExplorerState) -> None:
 
         def panels(ckpt) -> list:
             depth = min(block, ckpt.num_blocks - 1) + 1
-            return [static_graph("compare-probe-figure", figures.probe_figure(ckpt.probes(), depth=depth))]
+            return [static_graph("compare-probe-figure", probe_figure(ckpt, depth=depth))]
 
         return compare_panel(state, index, panels)

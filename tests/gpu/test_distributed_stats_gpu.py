@@ -1,0 +1,43 @@
+"""`analyze` under torchrun on 2 GPUs (NCCL) writes the one-GPU streamed statistics (1e-5 relative)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from test_distributed_stats import numbers_close
+
+from lkat_lens.analyses.serialize import json_ready
+from lkat_lens.report import grid_span_report
+from lkat_lens.study import Study
+
+pytestmark = [
+    pytest.mark.gpu,
+    pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs 2 CUDA GPUs"),
+]
+
+
+def test_torchrun_on_two_gpus_writes_the_one_gpu_statistics(digits_checkpoint, tmp_path):
+    out = tmp_path / "report.json"
+    options = ["--num-images", "256", "--batch-size", "32", "--probe-images", "32", "--attribution-images", "1"]
+    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2"]
+    command += ["-m", "lkat_lens_cli", "analyze", str(digits_checkpoint), *options, "--out", str(out)]
+    env = os.environ | {"PYTHONPATH": str(Path(__file__).parents[2])}
+    done = subprocess.run(command, capture_output=True, text=True, env=env, timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    two = json.loads(out.read_text())
+    study = Study.open(digits_checkpoint, device="cuda", num_images=256, batch_size=32, progress=False)
+    one = {
+        "edge_functions": study.edge_summary().to_dict(),
+        "grid_span": grid_span_report(study),
+        "gates": study.gate_statistics().to_dict(),
+        "tokens": study.token_norms().to_dict(),
+    }
+    for key, section in json_ready(one).items():
+        numbers_close(two[key], section, key, rtol=1e-5)
+    assert two["sample"]["top1_percent"] == pytest.approx(study.sample_top1)
