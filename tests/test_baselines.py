@@ -156,7 +156,7 @@ def test_vit5_hook_names_and_shapes(vit5, images):
     for i in range(DEPTH):
         p = f"blocks.{i}."
         want |= {p + n: (B, T, D) for n in ("hook_resid_pre", "hook_resid_mid", "hook_resid_post", "attn.hook_out")}
-        want |= {p + f"attn.hook_{n}": (B, T, H, DH) for n in "qkv"}
+        want |= {p + f"attn.hook_{n}": (B, T, H, DH) for n in ("q", "k", "v", "z")}  # z: per-head outputs
         want[p + "attn.hook_pattern"] = (B, H, T, T)
     assert set(vit5.list_hooks()) == set(want)
     assert {k: tuple(v.shape) for k, v in cache.items()} == want

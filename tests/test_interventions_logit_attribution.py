@@ -67,6 +67,8 @@ def test_blocks_without_a_mid_point_attribute_whole_blocks(images):
     dla = direct_logit_attribution(vit, images)
     assert dla.components == ["embed", "block 0", "block 1"]
     assert_close(dla.logit, dla.model_logit, rtol=0, atol=1e-5)
+    with pytest.raises(ValueError, match="no per-head outputs"):
+        direct_logit_attribution(vit, images, heads=True)
 
 
 def test_logit_lens_reads_each_residual_through_the_norm(lkat, images):
@@ -88,9 +90,10 @@ def test_models_without_a_linear_head_are_refused(images):
         direct_logit_attribution(model, images)
 
 
-@pytest.mark.parametrize("model_name", ["lkat", "rbfkat"])
+@pytest.mark.parametrize("model_name", ["lkat", "rbfkat", "vit5"])
 def test_heads_split_each_attention_contribution(model_name, lkat, images):
-    model = lkat if model_name == "lkat" else small("rbfkat_tiny_patch16_224")
+    names = {"rbfkat": "rbfkat_tiny_patch16_224", "vit5": "vit5_micro"}
+    model = lkat if model_name == "lkat" else small(names[model_name])
     dla = direct_logit_attribution(model, images, heads=True)
     depth, heads = len(model.blocks), model.blocks[0].attn.num_heads
     assert dla.head_contributions.shape == (2, depth, heads, dla.contributions.shape[-1])
@@ -108,6 +111,7 @@ def test_heads_split_each_attention_contribution(model_name, lkat, images):
     for i in range(depth):
         attn = model.blocks[i].attn
         proj = attn.o_proj if model_name == "lkat" else attn.proj
+        scale = getattr(model.blocks[i], "gamma_1", torch.ones(())).double()  # ViT-5's LayerScale
         seen = []
         handle = proj.register_forward_pre_hook(lambda m, args, seen=seen: seen.append(args[0].double()))
         with torch.no_grad():
@@ -116,9 +120,8 @@ def test_heads_split_each_attention_contribution(model_name, lkat, images):
         width = proj.in_features // heads
         for h in range(heads):  # head h's write: its slice of the projection's input through its weight columns
             write = seen[0][..., h * width : (h + 1) * width] @ proj.weight.double()[:, h * width : (h + 1) * width].T
+            write = write * scale
             assert_close(dla.head_contributions[:, i, h], direct(write), rtol=0, atol=1e-5)
         rest = dla.contributions[:, 1 + 2 * i] - dla.head_contributions[:, i].sum(1)  # the projection's bias
-        bias = torch.zeros_like(final) if proj.bias is None else proj.bias.double().expand_as(final)
+        bias = torch.zeros_like(final) if proj.bias is None else (scale * proj.bias.double()).expand_as(final)
         assert_close(rest, direct(bias), rtol=0, atol=1e-5)
-    with pytest.raises(ValueError, match="no per-head outputs"):
-        direct_logit_attribution(small("vit5_micro"), images, heads=True)

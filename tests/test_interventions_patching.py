@@ -174,9 +174,9 @@ def test_every_point_has_its_named_axes(lkat, rbfkat, pair):
     assert results["heads"].to_dict()["axes"] == ["block", "head"]
     assert "gate" not in patch_every_point(rbfkat, clean, "noise", blocks=[0], units=[0])  # softmax: no gates
     torch.manual_seed(0)
-    vit5 = lkat_lens.create_model("vit5_micro", num_classes=10).eval()  # no per-head outputs, no KAN
+    vit5 = lkat_lens.create_model("vit5_micro", num_classes=10).eval()  # no KAN, no gates
     assert set(patch_every_point(vit5, clean, "noise", blocks=[0], units=[0])) == {
-        "resid_pre", "resid_mid", "resid_post", "attn_out", "q", "k", "v"
+        "resid_pre", "resid_mid", "resid_post", "attn_out", "heads", "q", "k", "v"
     }  # fmt: skip
 
 

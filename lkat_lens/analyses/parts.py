@@ -47,20 +47,30 @@ def gla_blocks(model: nn.Module) -> list[int]:
 
 
 def has_head_outputs(model: nn.Module) -> bool:
-    """Whether every block exposes its per-head attention outputs (attn.hook_z: LKAT, rbfKAT)."""
+    """Whether every block exposes its per-head attention outputs (attn.hook_z: LKAT, rbfKAT, ViT-5)."""
     points = model.hook_points()
     return all(f"blocks.{i}.attn.hook_z" in points for i in range(len(model.blocks)))
 
 
 def head_projection(model: nn.Module, block: int) -> nn.Linear:
-    """The linear map from a block's per-head outputs (attn.hook_z, heads concatenated) to its attention output
-    (GLA's o_proj, MHSA's proj); ValueError for a model without per-head outputs."""
+    """The linear map from a block's per-head outputs (attn.hook_z, heads concatenated) to what its attention adds to
+    the residual stream: GLA's o_proj, MHSA's proj, or for ViT-5 proj scaled by the block's LayerScale gamma_1 (a
+    detached copy); ValueError for a model without per-head outputs."""
     attn = model.blocks[block].attn
     if f"blocks.{block}.attn.hook_z" not in model.hook_points():
         raise ValueError(
-            f"{type(model).__name__} has no per-head outputs (attn.hook_z); per-head DLA needs LKAT or rbfKAT"
+            f"{type(model).__name__} has no per-head outputs (attn.hook_z); per-head DLA needs LKAT, rbfKAT or ViT-5"
         )
-    return attn.o_proj if hasattr(attn, "o_proj") else attn.proj
+    proj = attn.o_proj if hasattr(attn, "o_proj") else attn.proj
+    scale = getattr(model.blocks[block], "gamma_1", None)
+    if scale is None:
+        return proj
+    scaled = nn.Linear(proj.in_features, proj.out_features, bias=proj.bias is not None).to(proj.weight)
+    with torch.no_grad():
+        scaled.weight.copy_(scale[:, None] * proj.weight)
+        if proj.bias is not None:
+            scaled.bias.copy_(scale * proj.bias)
+    return scaled
 
 
 def residual_names(model: nn.Module) -> list[str]:
