@@ -4,20 +4,7 @@
 # profiled: launches, GPU busy, copies, memory), then the whole-model and fused-KAN regression tests.
 #   bash benchmarks/gpu_compile.sh        (carry .whl and .gpucache; see gpu_setup.sh). Logs and JSON under $OUT.
 set -u
-start=$SECONDS
 source benchmarks/gpu_setup.sh
-deadline=$((start + ${DEADLINE:-540}))
-
-step() {  # step NAME SECONDS COMMAND...: under timeout (at most what is left), log to $OUT/NAME.log, print the tail
-  local name=$1 limit=$2 left=$((deadline - SECONDS))
-  shift 2
-  [ "$left" -lt "$limit" ] && limit=$left
-  [ "$limit" -le 5 ] && { echo "== $name: skipped (no time left)"; return; }
-  local t0=$SECONDS
-  timeout "$limit" "$@" > "$OUT/$name.log" 2>&1
-  echo "== $name: exit $? after $((SECONDS - t0)) s (limit $limit s)"
-  tail -n "${TAIL:-12}" "$OUT/$name.log"
-}
 
 step test_compile_gpu 230 python3 -m pytest -q -m gpu -p no:cacheprovider -s tests/gpu/test_compile_gpu.py
 step bench_model_compare 250 python3 benchmarks/bench_model.py --compare --sizes tiny \

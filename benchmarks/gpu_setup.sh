@@ -1,11 +1,13 @@
 # Sourced by the benchmarks/gpu_*.sh scripts at the start of a device call (run from the repository root):
 # installs the carried .whl wheels (fla, einops) under /tmp/site and lkat-lens (editable), points Triton's cache
-# at .gpucache/ and, on exit, leaves the autotuning results in $OUT/autotune.tar.
+# at .gpucache/ and, on exit, leaves the autotuning results in $OUT/autotune.tar. `step NAME SECONDS CMD...` runs
+# one step of a device call under timeout, cut to what is left of DEADLINE seconds (default 540) from the start.
 # Here first:  python3 -m pip download --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
 #   --platform manylinux_2_28_x86_64 --platform manylinux2014_x86_64 -d .whl \
 #   fla-core==0.6.0 flash-linear-attention==0.6.0 einops==0.8.2
 # and carry .whl and .gpucache. After a call, `tar -xf autotune.tar -C .gpucache` here, and the next call skips
 # the tuning (fla autotunes every new shape on first use, about a minute each).
+start=$SECONDS
 OUT=${OUT:-/tmp/out}
 mkdir -p "$OUT"
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl || exit 1
@@ -15,3 +17,15 @@ save_autotune() { (cd "$TRITON_CACHE_DIR/.." 2>/dev/null && find triton -name '*
 trap save_autotune EXIT
 python3 -m pip install -q --no-deps --no-build-isolation --no-index -e . > "$OUT/install.log" 2>&1 || exit 1
 python3 -c "import torch, triton, timm; print(torch.cuda.get_device_name(), torch.__version__, triton.__version__, timm.__version__)"
+deadline=$((start + ${DEADLINE:-540}))
+
+step() {  # step NAME SECONDS COMMAND...: under timeout (at most what is left of DEADLINE), log to $OUT/NAME.log
+  local name=$1 limit=$2 left=$((deadline - SECONDS))
+  shift 2
+  [ "$left" -lt "$limit" ] && limit=$left
+  [ "$limit" -le 5 ] && { echo "== $name: skipped (no time left)"; return; }
+  local t0=$SECONDS
+  timeout "$limit" "$@" > "$OUT/$name.log" 2>&1
+  echo "== $name: exit $? after $((SECONDS - t0)) s (limit $limit s)"
+  tail -n "${TAIL:-12}" "$OUT/$name.log"
+}
