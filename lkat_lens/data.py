@@ -196,6 +196,7 @@ class Sample:
 
     images: torch.Tensor
     labels: torch.Tensor
+    masks: torch.Tensor | None = None
 
 
 def load_sample(
