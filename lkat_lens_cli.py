@@ -39,6 +39,7 @@ def cmd_analyze(args: argparse.Namespace) -> None:
         variant=args.variant,
         data=args.data,
         data_dir=args.data_dir,
+        masks_dir=args.masks,
         num_images=args.num_images,
         probe_images=args.probe_images,
         attribution_images=args.attribution_images,
@@ -70,6 +71,12 @@ def add_data_arguments(parser: argparse.ArgumentParser, num_images: int) -> None
     """Where a subcommand's images come from and how many it analyses."""
     parser.add_argument("--data", help="dataset name (default: the checkpoint's)")
     parser.add_argument("--data-dir", default="data", help="where cifar/imagefolder data live")
+    parser.add_argument(
+        "--masks",
+        metavar="DIR",
+        help="object masks of the held-out images: one PNG per image with its file stem (nonzero = object), "
+        "as DIR/<class>/<stem>.png or DIR/<stem>.png (shapes draws its own)",
+    )
     parser.add_argument("--num-images", type=int, default=num_images, help="held-out images analysed")
     parser.add_argument("--device", help="where the model runs: cpu, cuda or cuda:N (default: cuda when available)")
     parser.add_argument("--batch-size", type=int, default=64, help="images per forward pass of the statistics")

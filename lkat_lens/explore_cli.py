@@ -24,6 +24,7 @@ def cmd_explore(args: argparse.Namespace) -> None:
         args.checkpoints,
         data=args.data,
         data_dir=args.data_dir,
+        masks_dir=args.masks,
         num_images=args.num_images,
         edges=args.edges,
         probe_images=args.probe_images,

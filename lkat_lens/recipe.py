@@ -1,4 +1,5 @@
-"""Training recipes (the paper's DeiT setup and CIFAR fine-tuning, a light digits one) from timm's pieces."""
+"""Training recipes (the paper's DeiT setup and CIFAR fine-tuning, light digits and shapes ones) from timm's
+pieces."""
 
 from __future__ import annotations
 
@@ -38,6 +39,7 @@ class Recipe:
     opt: str = "adamw"
     # training transform
     pad: int = 4
+    pad_fraction: float | None = None  # padding as a fraction of the image size (replaces pad when set)
     pad_mode: str = "reflect"
     hflip: float = 0.5
     auto_augment: str | None = "rand-m9-mstd0.5-inc1"
@@ -75,7 +77,7 @@ DEIT = Recipe(
     warmup_epochs=5,
     weight_decay=0.0,
 )
-SCRATCH_EPOCHS = {"cifar10": 100, "cifar100": 200, "imagefolder": 300, "digits": 100}
+SCRATCH_EPOCHS = {"cifar10": 100, "cifar100": 200, "imagefolder": 300, "digits": 100, "shapes": 30}
 
 # Paper Table "CIFAR fine-tuning recipe": AdamW at 1e-4 with the DeiT augmentation and Mixup/CutMix 0.8/1.0;
 # R_A: wd 0, drop path 0, KAN LayerNorm on; R_B: wd 0.05, drop path 0.1, KAN LayerNorm off. The table gives no
@@ -108,13 +110,38 @@ DIGITS = Recipe(
     label_smoothing=0.1,
 )
 
+# Light recipe for the procedural shapes set (objects already sit at random places, sizes, rotations and
+# colours): shifts of up to 1/16 of the side over a black border (reflecting would mirror an object at the edge
+# into a second, cut-off form), horizontal flips (no class changes under a mirror), no RandAugment (its
+# shears and posterisation deform forms), no erasing (it can hide the object), no mixing (a blend shows two
+# objects). Evaluation sees the whole image (crop_pct 1: a centre crop could cut the object).
+SHAPES = Recipe(
+    name="shapes",
+    epochs=30,
+    batch_size=128,
+    lr=1e-3,
+    min_lr=1e-5,
+    warmup_lr=1e-6,
+    warmup_epochs=2,
+    weight_decay=0.05,
+    pad_fraction=1 / 16,
+    pad_mode="constant",
+    hflip=0.5,
+    auto_augment=None,
+    re_prob=0.0,
+    crop_pct=1.0,
+    mixup_prob=0.0,
+    label_smoothing=0.1,
+)
+
 # No randomness in the data at all (no crop, flip, augmentation, erasing, mixing, smoothing): for checks such
 # as a multi-GPU run against a single-GPU one.
 PLAIN = dataclasses.replace(
     DEIT, name="plain", pad=0, hflip=0.0, auto_augment=None, re_prob=0.0, mixup_prob=0.0, label_smoothing=0.0
 )
 
-RECIPES: dict[str, Recipe] = {r.name: r for r in (DEIT, DIGITS, FINETUNE_A, FINETUNE_B, PLAIN)}
+RECIPES: dict[str, Recipe] = {r.name: r for r in (DEIT, DIGITS, FINETUNE_A, FINETUNE_B, PLAIN, SHAPES)}
+DEFAULT_RECIPE = {"digits": DIGITS.name, "shapes": SHAPES.name}  # other datasets: deit
 
 
 def get_recipe(name: str) -> Recipe:
@@ -128,7 +155,7 @@ def default_recipe(dataset: str, finetune: bool) -> str:
     """The recipe a run uses when none is named."""
     if finetune:
         return FINETUNE_B.name
-    return DIGITS.name if dataset == "digits" else DEIT.name
+    return DEFAULT_RECIPE.get(dataset, DEIT.name)
 
 
 def epochs_for(recipe: Recipe, dataset: str) -> int:
@@ -144,7 +171,7 @@ def build_train_transform(
         img_size,
         mean,
         std,
-        pad=recipe.pad,
+        pad=recipe.pad if recipe.pad_fraction is None else round(recipe.pad_fraction * img_size),
         pad_mode=recipe.pad_mode,
         hflip=recipe.hflip,
         auto_augment=recipe.auto_augment,

@@ -91,6 +91,7 @@ class Study:
         *,
         data: str | None = None,
         data_dir: str | os.PathLike = "data",
+        masks_dir: str | os.PathLike | None = None,
         defaults: StudyDefaults = StudyDefaults(),
         device: str | torch.device | None = None,
     ) -> None:
@@ -102,6 +103,7 @@ class Study:
         self.path = Path(info.path)
         self.defaults = defaults
         self.data_source = {"name": data, "data_dir": data_dir}
+        self.masks_dir = masks_dir
         self.class_names: list[str] = list(info.data.get("class_names") or [])
         self._cache: dict[tuple, Any] = {}
         self._lock = threading.RLock()
@@ -115,14 +117,17 @@ class Study:
         variant: str | None = None,
         data: str | None = None,
         data_dir: str | os.PathLike = "data",
+        masks_dir: str | os.PathLike | None = None,
         device: str | torch.device | None = None,
         **defaults: Any,
     ) -> Study:
         """Load a checkpoint (or a reference state_dict with `variant`) and study it on `device` (default: CUDA when
-        available, else the CPU); keywords set StudyDefaults."""
+        available, else the CPU); `masks_dir` holds object masks of the held-out images (lkat_lens.data.load_sample);
+        keywords set StudyDefaults."""
         device = resolve_device(device)
         model, info = load(path, variant=variant)
-        return cls(model, info, data=data, data_dir=data_dir, defaults=StudyDefaults(**defaults), device=device)
+        defaults = StudyDefaults(**defaults)
+        return cls(model, info, data=data, data_dir=data_dir, masks_dir=masks_dir, defaults=defaults, device=device)
 
     # ---------------------------------------------------------------------------------------------- parts
 
@@ -187,8 +192,11 @@ class Study:
 
     @cached_property
     def sample(self) -> Sample:
-        """The seeded held-out sample every statistic runs over (loaded on first use)."""
-        return load_sample(self.info.data, "val", self.defaults.num_images, **self.data_source)
+        """The seeded held-out sample every statistic runs over (loaded on first use); `.masks` holds its object
+        masks when the dataset draws them (shapes) or a masks folder was given, else None."""
+        return load_sample(
+            self.info.data, "val", self.defaults.num_images, masks_dir=self.masks_dir, **self.data_source
+        )
 
     @cached_property
     def probe_train(self) -> Sample:

@@ -56,6 +56,7 @@ class NonFiniteLoss(RuntimeError):
     """The training loss became NaN or infinite."""
 
 
+SMALL_CPU_DATASETS = ("digits", "shapes")  # trained on the CPU with tiny models: one torch thread by default
 USER_ERRORS = (UsageError, lkdata.DataError, lkrecipe.RecipeError, CheckpointError)
 
 
@@ -67,7 +68,12 @@ def build_parser(prog: str = "python -m lkat_lens.train") -> argparse.ArgumentPa
         "lkat_micro on scikit-learn's digits, on the CPU, in a few minutes.",
     )
     g = p.add_argument_group("data")
-    g.add_argument("--data", default="digits", choices=lkdata.DATASETS, help="dataset (default: digits)")
+    g.add_argument(
+        "--data",
+        default="digits",
+        choices=lkdata.DATASETS,
+        help="dataset (default: digits; shapes is drawn on the fly)",
+    )
     g.add_argument(
         "--data-dir",
         default="data",
@@ -81,6 +87,13 @@ def build_parser(prog: str = "python -m lkat_lens.train") -> argparse.ArgumentPa
         default=None,
         help="data-loading processes per rank (default: 0 for digits, else min(8, CPUs))",
     )
+    g.add_argument(
+        "--train-images",
+        type=int,
+        default=None,
+        help="shapes only: training images drawn (default: 10000; every index is a fixed image)",
+    )
+    g.add_argument("--val-images", type=int, default=None, help="shapes only: validation images (default: 2000)")
     g = p.add_argument_group("model")
     g.add_argument(
         "--model",
@@ -136,8 +149,8 @@ def build_parser(prog: str = "python -m lkat_lens.train") -> argparse.ArgumentPa
         "--threads",
         type=int,
         default=None,
-        help="torch CPU threads per process (default: 1 for digits on the CPU, where the tiny model gains "
-        "little from more and a shared CPU makes extra threads thrash; else torch's choice)",
+        help="torch CPU threads per process (default: 1 for digits and shapes on the CPU, where tiny models "
+        "gain little from more and a shared CPU makes extra threads thrash; else torch's choice)",
     )
     g.add_argument(
         "--resume",
@@ -226,8 +239,10 @@ def build_datasets(
     train_tf = lkrecipe.build_train_transform(recipe, size, mean, std)
     val_tf = lkrecipe.build_eval_transform(recipe, size, mean, std)
 
+    options = dataset_options(cfg)
+
     def both(download: bool) -> tuple[Dataset, Dataset]:
-        kw = dict(data_dir=cfg.data_dir, download=download)
+        kw = dict(data_dir=cfg.data_dir, download=download, img_size=size, options=options)
         return (
             lkdata.build_dataset(name, "train", transform=train_tf, **kw),
             lkdata.build_dataset(name, "val", transform=val_tf, **kw),
@@ -248,7 +263,17 @@ def build_datasets(
         "crop_pct": recipe.crop_pct,
         "interpolation": recipe.interpolation,
     }
+    if options is not None:  # with the sizes in effect, so a later reader rebuilds the same images
+        data_info["options"] = options | {"train_images": len(train_ds), "val_images": len(val_ds)}
     return train_ds, val_ds, data_info
+
+
+def dataset_options(cfg: TrainConfig) -> dict[str, Any] | None:
+    """A procedural dataset's settings (what rebuilds the same images later); None for datasets on disk."""
+    if cfg.data not in lkdata.DATASET_OPTIONS:
+        return None
+    sizes = {"train_images": cfg.train_images, "val_images": cfg.val_images}
+    return {k: v for k, v in sizes.items() if v is not None} | {"seed": 0}
 
 
 def build_loaders(
@@ -554,7 +579,7 @@ def read_sources(args: argparse.Namespace) -> tuple[TrainConfig, Path, dict | No
 
 def apply_process_settings(cfg: TrainConfig, info: lkdist.DistInfo) -> torch.dtype | None:
     """Threads, seeds and TF32 for this process; returns the autocast dtype."""
-    threads = cfg.threads or (1 if cfg.data == "digits" and info.device.type == "cpu" else None)
+    threads = cfg.threads or (1 if cfg.data in SMALL_CPU_DATASETS and info.device.type == "cpu" else None)
     if threads:
         torch.set_num_threads(threads)
     seed_all(cfg.seed + info.rank)

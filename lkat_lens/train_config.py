@@ -34,6 +34,8 @@ class TrainConfig:
     data_dir: str = "data"
     download: bool = False
     workers: int | None = None
+    train_images: int | None = None  # procedural datasets (shapes): images per split (None: the dataset's)
+    val_images: int | None = None
     # model
     model: str | None = None
     img_size: int | None = None
@@ -126,7 +128,12 @@ def resolve_config(
         if cfg[key] is None:
             cfg[key] = value
     cfg["name"] = cfg["name"] or f"{cfg['model']}-{dataset}-{datetime.now():%Y%m%d-%H%M%S}"
+    if dataset not in lkdata.DATASET_OPTIONS:
+        for key in ("train_images", "val_images"):
+            if cfg[key] is not None:
+                raise UsageError(f"--{key.replace('_', '-')} applies to procedural datasets (shapes), not {dataset}")
     minimum = {"epochs": 1, "batch_size": 1, "img_size": 1, "warmup_epochs": 0, "workers": 0}
+    minimum.update(train_images=1, val_images=1)
     minimum.update(telemetry_every=1, telemetry_images=1, snapshot_every=1, keep=1)
     for key, low in minimum.items():
         if cfg[key] is not None and cfg[key] < low:

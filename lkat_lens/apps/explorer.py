@@ -86,6 +86,7 @@ def create_app(
     *,
     data: str | None = None,
     data_dir: str | os.PathLike = "data",
+    masks_dir: str | os.PathLike | None = None,
     num_images: int = 32,
     edges: int = 8,
     probe_images: int = 256,
@@ -95,7 +96,7 @@ def create_app(
     """The explorer app for one or more checkpoints or run folders (their samples loaded, analyses computed on
     demand); a run folder opens as its best.pt, and its epoch snapshots join the checkpoint and compare lists."""
     given = [checkpoints] if isinstance(checkpoints, (str, os.PathLike)) else list(checkpoints)
-    settings = {"data": data, "data_dir": data_dir, "num_images": num_images, "edges": edges}
+    settings = {"data": data, "data_dir": data_dir, "masks_dir": masks_dir, "num_images": num_images, "edges": edges}
     settings |= {"device": device, "batch_size": batch_size}
 
     def load(path: Path) -> CheckpointState:

@@ -32,6 +32,7 @@ class CheckpointState(Study):
         *,
         data: str | None = None,
         data_dir: str | os.PathLike = "data",
+        masks_dir: str | os.PathLike | None = None,
         num_images: int = 32,
         edges: int = 8,
         probe_images: int = 256,
@@ -41,7 +42,9 @@ class CheckpointState(Study):
         device = resolve_device(device)
         model, info = load(path)
         defaults = StudyDefaults(num_images=num_images, edges=edges, probe_images=probe_images, batch_size=batch_size)
-        super().__init__(model, info, data=data, data_dir=data_dir, defaults=defaults, device=device)
+        super().__init__(
+            model, info, data=data, data_dir=data_dir, masks_dir=masks_dir, defaults=defaults, device=device
+        )
         self.shown = self.display(self.sample.images)
 
     def upload(self, content: bytes, name: str = "the upload") -> LoadedImage:
