@@ -17,7 +17,10 @@ def rectangles(n: int = 6, size: int = 16, seed: int = 0) -> torch.Tensor:
     masks = torch.zeros(n, size, size, dtype=torch.bool)
     for m in masks:
         h, w = torch.randint(3, size * 3 // 4, (2,), generator=gen).tolist()
-        top, left = torch.randint(0, size - h, (1,), generator=gen).item(), torch.randint(0, size - w, (1,), generator=gen).item()
+        top, left = (
+            torch.randint(0, size - h, (1,), generator=gen).item(),
+            torch.randint(0, size - w, (1,), generator=gen).item(),
+        )
         m[top : top + h, left : left + w] = True
     return masks
 
@@ -102,7 +105,9 @@ def test_spearman_matches_scipy_with_ties():
     b = a + torch.randint(0, 3, (3, 5, 5), generator=gen).float()
     found = spearman(a, b)
     for i in range(3):
-        assert found[i].item() == pytest.approx(spearmanr(a[i].flatten().double(), b[i].flatten().double()).statistic, rel=1e-12)
+        assert found[i].item() == pytest.approx(
+            spearmanr(a[i].flatten().double(), b[i].flatten().double()).statistic, rel=1e-12
+        )
     assert torch.equal(spearman(a, a), torch.ones(3, dtype=torch.float64))
     assert torch.isnan(spearman(torch.ones(1, 3, 3), a[:1, :3, :3])).all()
 
