@@ -1,27 +1,15 @@
 """`lkat-lens evaluate` and `Study.map_evaluation` on a model trained on shapes through the real trainer."""
 
 import json
-from pathlib import Path
 
 import pytest
 import torch
 
 import lkat_lens_cli
-from lkat_lens import train
 from lkat_lens.analyses import faithfulness
 from lkat_lens.analyses.localisation import METRICS as LOCALISATION_METRICS
 from lkat_lens.figures.faithfulness import evaluation_table_figure
 from lkat_lens.study import Study
-
-
-@pytest.fixture(scope="module")
-def shapes_checkpoint(tmp_path_factory) -> Path:
-    """best.pt of lkat_micro after two optimizer steps on shapes at 16² (the pipeline, not the accuracy)."""
-    out = tmp_path_factory.mktemp("shapes")
-    argv = "--data shapes --img-size 16 --model lkat_micro --threads 1 --epochs 1 --max-steps 2 --batch-size 16"
-    argv += f" --train-images 64 --val-images 24 --no-telemetry --name s --out-dir {out}"
-    assert train.main(argv.split()) == 0
-    return out / "s" / "best.pt"
 
 
 def test_evaluate_writes_the_table_and_figures(shapes_checkpoint, tmp_path, capsys):
