@@ -262,7 +262,7 @@ def load_sample(
     <masks_dir>/<class>/<stem>.png or <masks_dir>/<stem>.png), else from the dataset if it draws them (shapes).
     """
     name = name or data["name"]
-    own = name == data["name"]  # a procedural dataset is rebuilt with the checkpoint's settings
+    own = name == data.get("name")  # a procedural dataset is rebuilt with the checkpoint's settings
     dataset = build_dataset(
         name,
         split,
@@ -272,13 +272,13 @@ def load_sample(
         options=data.get("options") if own else None,
     )
     order = [int(i) for i in torch.randperm(len(dataset), generator=torch.Generator().manual_seed(0))[:num]]
-    images, labels = zip(*(dataset[i] for i in order), strict=True)
-    masks = None
+    masks = None  # before the images: a bad masks folder fails at once
     if masks_dir is not None:
         masks = masks_from_folder(dataset, order, Path(masks_dir), mask_transform_for(data))
     elif isinstance(dataset, ShapesDataset):
         to_mask = mask_transform_for(data)
         masks = torch.stack([to_mask(Image.fromarray(dataset.mask(i).astype(np.uint8) * 255, "L")) for i in order])
+    images, labels = zip(*(dataset[i] for i in order), strict=True)
     return Sample(torch.stack(images), torch.as_tensor(labels), masks)
 
 
