@@ -18,6 +18,7 @@ Each map explains the target class (default: the model's prediction) of each ima
   as an untrained norm's weights, are kept), and each
   map of the randomised model is compared with the trained model's by Spearman rank correlation of the absolute
   map values. A map that ignores the weights keeps correlation 1; a map that explains the model falls towards 0.
+  Integrated Gradients runs with MPRT_IG_STEPS fixed steps on the randomised models (unless n_steps is given).
 """
 
 from __future__ import annotations
@@ -40,6 +41,7 @@ from .parts import TargetLike, eval_mode, resolve_target, targets_for
 ATTENTION_MAPS = ("cls_attention", "rollout", "gradient_rollout")
 MAP_METHODS = (*attributions.METHODS, *ATTENTION_MAPS, "random")
 PERTURBATION_STEPS = 10  # positive/negative perturbation in 10 % steps
+MPRT_IG_STEPS = attributions.IG_STEPS[0]  # Integrated Gradients' path steps on the randomised models
 FAITHFULNESS_METRICS = ("positive_auc", "negative_auc", "deletion_auc", "insertion_auc")
 METRICS = (*LOCALISATION_METRICS, *FAITHFULNESS_METRICS, "mprt")
 HIGHER_IS_BETTER = {m: m not in ("positive_auc", "deletion_auc", "mprt") for m in METRICS}
@@ -207,6 +209,8 @@ def mprt_correlations(
 ) -> tuple[list[int], torch.Tensor]:
     """Blocks randomised top first, and the Spearman correlation [depths, B] of each depth's maps with `trained`
     (the trained model's maps of the same images). The model itself is left untouched (a copy is randomised)."""
+    if method == "integrated_gradients":  # a randomised model's IG rarely converges: fixed steps, not up to 1024
+        settings = {"n_steps": MPRT_IG_STEPS, **(settings or {})}
     randomised = copy.deepcopy(model).eval()
     order = list(reversed(range(len(randomised.blocks))))
     rows = []
