@@ -112,7 +112,6 @@ def cmd_evaluate(args: argparse.Namespace) -> None:
         batch_size=args.batch_size,
     )
     methods = parse_methods(args.methods, study)
-    study.map_targets(args.explain)
     results = evaluate(study, methods, args.explain)
     paths = write_evaluation(study, results, args.explain, args.out, args.fmt)
     print(format_table({method: result.summary() for method, result in results.items()}))

@@ -136,12 +136,13 @@ def perturbation_figure(results: Mapping[str, MethodEvaluation], title: str = ""
                 col=col,
             )
     fig.update_xaxes(title_text="fraction of patches removed", range=[0, 1])
-    fig.update_yaxes(title_text="target-class probability", range=[0, 1.02], col=1)
+    fig.update_yaxes(range=[0, 1.02])
+    fig.update_yaxes(title_text="target-class probability", col=1)
     fig.update_layout(
         title=title or "Positive / negative perturbation (patches replaced by the mean image)",
         template=TEMPLATE,
         width=980,
-        height=440,
+        height=max(440, 160 + 26 * len(results)),
     )
     return fig
 
