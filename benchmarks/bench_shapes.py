@@ -5,7 +5,8 @@
 
 Rows: `render` (scene + pixels, PIL image), `train_item` (ds[i] through the shapes recipe's training transform,
 what a loader worker does), then a DataLoader at batch 128 for each --workers count (images/s of the whole loader,
-the rate a GPU can be fed at). Per-process rows use CPU time, so other load on the machine slows them less.
+the rate a GPU can be fed at; wall time, so other load on the machine slows it: see load_average_1min). Per-process
+rows use CPU time, which other load slows less.
 """
 
 from __future__ import annotations
@@ -68,7 +69,7 @@ def main() -> None:
         rate = loader_rate(ds, max(args.images, 512) * max(workers, 1), workers)
         rows.append({"what": f"loader_{workers}_workers", "images_per_s": rate})
     env = {"cpu_count": os.cpu_count(), "python": platform.python_version(), "torch": torch.__version__}
-    env |= {"img_size": args.img_size, "date": date.today().isoformat()}
+    env |= {"img_size": args.img_size, "date": date.today().isoformat(), "load_average_1min": os.getloadavg()[0]}
     result = {"environment": env, "rows": rows}
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps(result, indent=2) + "\n")

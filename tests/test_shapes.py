@@ -11,6 +11,7 @@ import pytest
 import torch
 from PIL import Image
 
+import lkat_lens_cli
 from lkat_lens import data as lkdata
 from lkat_lens import shapes
 from lkat_lens import train as lktrain
@@ -182,6 +183,7 @@ def test_trainer_runs_on_shapes_and_analyses_rebuild_its_val_set(tmp_path, capsy
     argv = "--data shapes --img-size 16 --model lkat_micro --threads 1 --epochs 1 --max-steps 2 --batch-size 16"
     argv += f" --train-images 64 --val-images 24 --no-telemetry --name s --out-dir {tmp_path}"
     assert lktrain.main(argv.split()) == 0, capsys.readouterr().err
+    capsys.readouterr()
     ckpt = torch.load(tmp_path / "s" / "last.pt", map_location="cpu", weights_only=True)
     data = ckpt["data"]
     assert (data["name"], data["img_size"], data["class_names"], data["crop_pct"]) == (
@@ -195,9 +197,12 @@ def test_trainer_runs_on_shapes_and_analyses_rebuild_its_val_set(tmp_path, capsy
     own = shapes.ShapesDataset("val", 16, num_images=24)
     order = torch.randperm(24, generator=torch.Generator().manual_seed(0))[:8].tolist()
     assert torch.equal(study.sample.masks, torch.stack([torch.from_numpy(own.mask(i)) for i in order]))
-    bad = Study.open(tmp_path / "s" / "best.pt", device="cpu", masks_dir=tmp_path / "none")
-    with pytest.raises(lkdata.DataError, match="does not exist"):
-        bad.sample  # noqa: B018
+    for command in ("analyze", "figures", "explore"):  # --masks reaches the sample; a bad folder is one line, exit 2
+        argv = [command, str(tmp_path / "s" / "best.pt"), "--device", "cpu", "--masks", str(tmp_path / "none")]
+        assert lkat_lens_cli.main(argv + (["--port", "0"] if command == "explore" else [])) == 2
+        err = capsys.readouterr().err  # after any progress bar: one error line
+        assert err.splitlines()[-1] == f"lkat-lens: error: masks folder {tmp_path / 'none'} does not exist", command
+        assert err.count("error") == 1, command
 
 
 def test_dataset_size_flags_are_for_shapes_only():
