@@ -71,6 +71,13 @@ def cmd_figures(args: argparse.Namespace) -> None:
     run(args)
 
 
+def cmd_evaluate(args: argparse.Namespace) -> None:
+    """Score every relevance map against the object masks."""
+    from lkat_lens.evaluate import cmd_evaluate as run
+
+    run(args)
+
+
 def cmd_explore(args: argparse.Namespace) -> None:
     """Serve the explorer."""
     from lkat_lens.explore_cli import cmd_explore as run
@@ -147,6 +154,24 @@ def build_parser() -> argparse.ArgumentParser:
     figs.add_argument("--seed", type=int, default=0)
     add_progress_argument(figs)
     figs.set_defaults(func=cmd_figures)
+
+    evaluate = sub.add_parser(
+        "evaluate",
+        help="are the maps right? score attributions, class-token attention and rollouts against object masks",
+    )
+    add_checkpoint_argument(evaluate)
+    add_data_arguments(evaluate, num_images=64)
+    evaluate.add_argument(
+        "--methods", default="all", help="'all' or a comma-separated list, e.g. integrated_gradients,rollout,random"
+    )
+    evaluate.add_argument(
+        "--explain", choices=("predicted", "label"), default="predicted", help="the class each map explains"
+    )
+    evaluate.add_argument("--mprt-images", type=int, default=16, help="images of the randomisation test (0: none)")
+    evaluate.add_argument("--out", default="evaluation", help="output folder (evaluation.json and figures)")
+    evaluate.add_argument("--format", choices=FIGURE_FORMATS, default="png", dest="fmt")
+    evaluate.add_argument("--seed", type=int, default=0)
+    evaluate.set_defaults(func=cmd_evaluate)
 
     explore = sub.add_parser("explore", help="serve the interactive explorer of one or more checkpoints")
     explore.add_argument("checkpoints", nargs="+", help="one or more lkat-lens checkpoints, shown side by side")

@@ -25,6 +25,7 @@ from .analyses import (
     attributions,
     distributed_stats,
     edge_functions,
+    faithfulness,
     gates,
     grid_span,
     interventions,
@@ -36,6 +37,7 @@ from .analyses.attention import AttentionMatrices, ClsAttention, Rollout
 from .analyses.attributions import Attribution, FaithfulnessCurves
 from .analyses.batching import batches, full_fp32, on_model
 from .analyses.edge_functions import EdgeCurves, EdgeFunctionSummary, EdgeImportance, LayerStatistics
+from .analyses.faithfulness import MethodEvaluation
 from .analyses.gates import GateStats
 from .analyses.interventions import AblationResult, DirectLogitAttribution, LogitLens, PatchingResult
 from .analyses.interventions import edges as edge_interventions
@@ -62,6 +64,7 @@ class StudyDefaults:
     attribution_images: int = 4  # images shown with attention and attribution maps
     edges: int = 16  # edge functions per layer grid, most important first
     batch_size: int = 64  # images per forward pass of the streaming statistics
+    mprt_images: int = 16  # images the randomisation test (MPRT) of `map_evaluation` runs on
     method_settings: tuple[tuple[str, tuple[tuple[str, Any], ...]], ...] = (("gradient_shap", (("n_samples", 8),)),)
 
     def settings(self, method: str) -> dict[str, Any]:
@@ -481,6 +484,55 @@ class Study:
         return self.cached(
             ("faithfulness", key, method, target), lambda: self.faithfulness_of(self.images(image), found)
         )
+
+    # --------------------------------------------------------------------------- faithfulness of the maps
+
+    def object_masks(self) -> torch.Tensor:
+        """The sample's object masks [N, H, W] (bool); ValueError when the data has none."""
+        if self.sample.masks is None:
+            raise ValueError(
+                f"the {self.info.data.get('name')} sample has no object masks: evaluate on a dataset that draws them "
+                "(--data shapes) or give one mask per image with --masks DIR"
+            )
+        return self.sample.masks
+
+    def map_targets(self, explain: str) -> torch.Tensor | None:
+        """The classes the maps explain: "predicted" (None: each image's prediction) or "label" (the true class)."""
+        if explain not in ("predicted", "label"):
+            raise ValueError(f"explain must be 'predicted' or 'label', got {explain!r}")
+        return self.sample.labels if explain == "label" else None
+
+    def map_evaluation(self, method: str, explain: str = "predicted") -> MethodEvaluation:
+        """One relevance-map method scored against the sample's object masks (analyses.faithfulness), cached."""
+        faithfulness.check_method(self.model, method)
+        masks, target = self.object_masks(), self.map_targets(explain)
+        return self.cached(
+            ("map_evaluation", method, explain),
+            lambda: faithfulness.evaluate_method(
+                self.model,
+                self.sample.images,
+                masks,
+                method,
+                target,
+                batch_size=self.defaults.batch_size,
+                mprt_images=self.defaults.mprt_images,
+                settings=self.defaults.settings(method),
+            ),
+        )
+
+    def map_scores(self, image: int, method: str, target: int | None = None) -> dict[str, float]:
+        """Localisation and perturbation scores of one sample image's attribution (the one `attribution` caches)
+        against its object mask."""
+        masks = self.object_masks()[image : image + 1]
+        found = self.attribution(image, method, target)
+
+        def compute() -> dict[str, float]:
+            scores = faithfulness.score_maps(
+                self.model, self.images(image), masks, on_model(self.model, found.pixel_map), found.target
+            )
+            return {name: float(scores[name][0]) for name in faithfulness.METRICS if name in scores}
+
+        return self.cached(("map_scores", image, method, target), compute)
 
     # ------------------------------------------------------------------------------------------- probes
 

@@ -59,3 +59,13 @@ def folder(tmp_path_factory) -> Path:
     root = tmp_path_factory.mktemp("imagefolder")
     write_image_folder(root, ["ant", "bee", "cow"], per_class=(4, 2))
     return root
+
+
+@pytest.fixture(scope="session")
+def shapes_checkpoint(tmp_path_factory) -> Path:
+    """best.pt of lkat_micro after two optimizer steps on shapes at 16² (object masks; the pipeline, not accuracy)."""
+    out = tmp_path_factory.mktemp("shapes")
+    argv = "--data shapes --img-size 16 --model lkat_micro --threads 1 --epochs 1 --max-steps 2 --batch-size 16"
+    argv += f" --train-images 64 --val-images 24 --no-telemetry --name s --out-dir {out}"
+    assert train.main(argv.split()) == 0
+    return out / "s" / "best.pt"

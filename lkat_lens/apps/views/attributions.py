@@ -1,4 +1,5 @@
-"""Attributions of a dataset image or an uploaded one: method, class, overlay and deletion/insertion curves."""
+"""Attributions of a dataset image or an uploaded one: method, class, overlay and deletion/insertion curves; with
+object masks (shapes, --masks), the mask's outline on the image and the map's localisation and faithfulness scores."""
 
 from __future__ import annotations
 
@@ -10,7 +11,9 @@ from dash import Input, Output, State, dcc, html
 
 from lkat_lens import figures
 from lkat_lens.analyses.attributions import METHODS  # every method the library has, occlusion and SmoothGrad too
+from lkat_lens.analyses.faithfulness import METRICS as MAP_METRICS
 from lkat_lens.apps.state import MAX_UPLOAD_BYTES, BadUpload, CheckpointState, ExplorerState
+from lkat_lens.figures.faithfulness import METRIC_LABELS, mask_outline
 
 from .common import compare_panel, fill_panes, graph, message_figure, require_tab, side_by_side, static_graph
 
@@ -47,6 +50,7 @@ def tab(state: ExplorerState) -> dcc.Tab:
         upload,
         html.Div(id="upload-message", role="alert", style={"color": "#b00020"}),
         graph("attribution-figure"),
+        html.Div(id="attribution-scores"),
         graph("attribution-curves"),
     ]
     return dcc.Tab(label="Attributions", value=TAB, children=side_by_side(main, "compare-attributions"))
@@ -83,7 +87,20 @@ def dataset_figures(ckpt: CheckpointState, image: int, method: str, target: int 
         names=[of],
         class_names=ckpt.class_names,
     )
+    if ckpt.sample.masks is not None:
+        for row in (1, 2):
+            overlay.add_trace(mask_outline(ckpt.sample.masks[image]), row=row, col=1)
     return [overlay, figures.faithfulness_figure(ckpt.faithfulness(image, method, target))]
+
+
+def score_table(ckpt: CheckpointState, image: int, method: str, target: int | None) -> html.Div | str:
+    """The sample image's map scores against its object mask (analyses.faithfulness), or "" without masks."""
+    if ckpt.sample.masks is None:
+        return ""
+    scores = ckpt.map_scores(image, method, target)
+    cells = [html.Tr([html.Th(METRIC_LABELS[m]), html.Td(f"{scores[m]:.3f}")]) for m in MAP_METRICS if m in scores]
+    caption = f"{method} on image {image} against its object mask (green outline); ↑ higher is better, ↓ lower"
+    return html.Div([html.Small(caption), html.Table(cells, className="map-scores")])
 
 
 def upload_figures(ckpt: CheckpointState, content: bytes, name: str, method: str, target: int | None):
@@ -129,6 +146,7 @@ def register(app: dash.Dash, state: ExplorerState) -> None:
         Output("attribution-figure", "figure"),
         Output("attribution-curves", "figure"),
         Output("upload-message", "children"),
+        Output("attribution-scores", "children"),
         Input("tabs", "value"),
         Input("checkpoint", "value"),
         Input("image", "value"),
@@ -140,8 +158,10 @@ def register(app: dash.Dash, state: ExplorerState) -> None:
     def attribution(tab_value, index, image, method, target, upload, filename):
         """The upload's attribution while there is one, else the sample image's."""
         require_tab(tab_value, TAB)
-        overlay, curves, message = shown_figures(state[index], image, upload, filename, method, class_of(target))
-        return *fill_panes([overlay, curves]), message
+        ckpt, chosen = state[index], class_of(target)
+        overlay, curves, message = shown_figures(ckpt, image, upload, filename, method, chosen)
+        scores = "" if upload else score_table(ckpt, image, method, chosen)
+        return *fill_panes([overlay, curves]), message, scores
 
     @app.callback(
         Output("compare-attributions", "children"),
