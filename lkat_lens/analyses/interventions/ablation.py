@@ -13,10 +13,10 @@ import torch
 from torch import nn
 
 from ..batching import full_fp32, on_model
-from ..parts import TargetLike, eval_mode, targets_for
+from ..parts import TargetLike, eval_mode
 from ..serialize import json_ready
 from .patching import PATCH_AXES
-from .sweep import POINTS, LogitMetric, default_rows, hook_names, sweep_units, unit_dim
+from .sweep import POINTS, LogitMetric, default_rows, hook_names, sweep_units, swept_units, unit_dim
 
 __all__ = ["ABLATIONS", "AblationResult", "ablate", "ablation_replacements", "norm_matched_noise", "resample_indices"]
 
@@ -114,11 +114,9 @@ def ablate(
     with eval_mode(model), torch.no_grad(), full_fp32():
         logits, cache = model.run_with_cache(images, names_filter=names)
         ref_cache = cache if same else model.run_with_cache(on_model(model, reference), names_filter=names)[1]
-        goal = logits.argmax(-1) if target is None else targets_for(len(images), target, images.device)
-        chosen = None if foil is None else targets_for(len(images), foil, images.device)
-        scorer = LogitMetric.build(metric, goal, logits, chosen)
+        scorer = LogitMetric.for_run(metric, logits, logits, target, foil)
         dim = unit_dim(cache[names[0]], along)
-        units = list(range(cache[names[0]].shape[dim])) if units is None else [int(u) for u in units]
+        units = swept_units(cache[names[0]], along, units)
         rows_per_pass = rows_per_pass or default_rows(model, cache[names[0]])
         per_method = {m: {} for m in methods}
         for name in names:

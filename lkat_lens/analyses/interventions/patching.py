@@ -12,10 +12,10 @@ import torch
 from torch import nn
 
 from ..batching import full_fp32, on_model
-from ..parts import TargetLike, eval_mode, patch_grid, patch_size, targets_for, token_positions
+from ..parts import TargetLike, eval_mode, patch_grid, patch_size, token_positions
 from ..serialize import json_ready
 from .corruptions import corrupt
-from .sweep import POINTS, LogitMetric, default_rows, hook_names, sweep_units, unit_dim
+from .sweep import POINTS, LogitMetric, default_rows, hook_names, sweep_units, swept_units, unit_dim
 
 __all__ = ["PATCH_AXES", "PatchingResult", "activation_patching", "patch_every_point", "patch_heads", "patch_residual"]
 
@@ -95,11 +95,9 @@ def activation_patching(
     with eval_mode(model), torch.no_grad(), full_fp32():
         clean_logits, cache = model.run_with_cache(clean, names_filter=names)
         corrupt_logits = model(corrupted)
-        goal = clean_logits.argmax(-1) if target is None else targets_for(len(clean), target, clean.device)
-        chosen = None if foil is None else targets_for(len(clean), foil, clean.device)
-        scorer = LogitMetric.build(metric, goal, corrupt_logits, chosen)
+        scorer = LogitMetric.for_run(metric, clean_logits, corrupt_logits, target, foil)
         size = cache[names[0]].shape[unit_dim(cache[names[0]], along)]
-        units = list(range(size)) if units is None else [int(u) for u in units]
+        units = swept_units(cache[names[0]], along, units)
         rows_per_pass = rows_per_pass or default_rows(model, cache[names[0]])
         patched = sweep_units(model, corrupted, {n: cache[n] for n in names}, along, units, scorer, rows_per_pass)
         clean_value, corrupt_value = scorer(clean_logits).mean().item(), scorer(corrupt_logits).mean().item()

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from ..parts import kan_layers
+from ..parts import TargetLike, kan_layers, targets_for
 
 __all__ = [
     "AXES",
@@ -82,6 +82,17 @@ class LogitMetric:
             foil = rival_logits.scatter(-1, target[:, None], float("-inf")).argmax(-1)
         return cls(target, foil)
 
+    @classmethod
+    def for_run(
+        cls, name: str, logits: torch.Tensor, rival_logits: torch.Tensor, target: TargetLike, foil: TargetLike
+    ) -> LogitMetric:
+        """`build` with the target and foil as the analyses take them: the target defaults to the top class of
+        `logits` (the unintervened run), the foil to `rival_logits`' top other class."""
+        count, device = len(logits), logits.device
+        goal = logits.argmax(-1) if target is None else targets_for(count, target, device)
+        chosen = None if foil is None else targets_for(count, foil, device)
+        return cls.build(name, goal, rival_logits, chosen)
+
 
 def hook_names(model: nn.Module, point: str, blocks: Sequence[int] | None = None) -> list[str]:
     """The hook point `point` (a POINTS key) of each block, or a clear error naming what the model lacks."""
@@ -119,6 +130,11 @@ def unit_dim(activation: torch.Tensor, along: str) -> int:
             raise ValueError(f"'channel' needs activations [B, T, D]; this one is {tuple(activation.shape)}")
         return 2
     raise ValueError(f"unknown axis {along!r}; choose from {AXES}")
+
+
+def swept_units(activation: torch.Tensor, along: str, units: Sequence[int] | None) -> list[int]:
+    """The units a sweep visits: the given ones, or every unit of the activation along `along`."""
+    return list(range(activation.shape[unit_dim(activation, along)])) if units is None else [int(u) for u in units]
 
 
 def default_rows(model: nn.Module, activation: torch.Tensor) -> int:
