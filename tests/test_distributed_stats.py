@@ -82,6 +82,17 @@ def numbers_close(got, want, where: str = "", rtol: float = RTOL) -> None:
         assert got == want, where
 
 
+def streamed_sections(study: Study) -> dict:
+    """The report sections a sharded analyze combines over ranks, computed by one process (JSON-ready)."""
+    one = {
+        "edge_functions": study.edge_summary().to_dict(),
+        "grid_span": grid_span_report(study),
+        "gates": study.gate_statistics().to_dict(),
+        "tokens": study.token_norms().to_dict(),
+    }
+    return json_ready(one)
+
+
 def test_torchrun_analyze_writes_the_one_process_statistics(digits_checkpoint, tmp_path):
     out = tmp_path / "report.json"
     options = ["--device", "cpu", "--num-images", "32", "--batch-size", "8", "--probe-images", "20"]
@@ -93,13 +104,7 @@ def test_torchrun_analyze_writes_the_one_process_statistics(digits_checkpoint, t
     assert done.stdout.count("wrote") == 1  # rank 0 alone writes
     two = json.loads(out.read_text())
     study = Study.open(digits_checkpoint, device="cpu", num_images=32, batch_size=8, progress=False)
-    one = {
-        "edge_functions": study.edge_summary().to_dict(),
-        "grid_span": grid_span_report(study),
-        "gates": study.gate_statistics().to_dict(),
-        "tokens": study.token_norms().to_dict(),
-    }
-    for key, section in json_ready(one).items():
+    for key, section in streamed_sections(study).items():
         numbers_close(two[key], section, key)
     assert two["sample"]["images"] == 32 and two["sample"]["top1_percent"] == pytest.approx(study.sample_top1)
     assert {"attributions", "probes", "rollout"} <= set(two)  # rank 0 ran the rest

@@ -10,10 +10,8 @@ from pathlib import Path
 
 import pytest
 import torch
-from test_distributed_stats import numbers_close
+from test_distributed_stats import numbers_close, streamed_sections
 
-from lkat_lens.analyses.serialize import json_ready
-from lkat_lens.report import grid_span_report
 from lkat_lens.study import Study
 
 pytestmark = [
@@ -32,12 +30,6 @@ def test_torchrun_on_two_gpus_writes_the_one_gpu_statistics(digits_checkpoint, t
     assert done.returncode == 0, done.stderr[-3000:]
     two = json.loads(out.read_text())
     study = Study.open(digits_checkpoint, device="cuda", num_images=256, batch_size=32, progress=False)
-    one = {
-        "edge_functions": study.edge_summary().to_dict(),
-        "grid_span": grid_span_report(study),
-        "gates": study.gate_statistics().to_dict(),
-        "tokens": study.token_norms().to_dict(),
-    }
-    for key, section in json_ready(one).items():
+    for key, section in streamed_sections(study).items():
         numbers_close(two[key], section, key, rtol=1e-5)
     assert two["sample"]["top1_percent"] == pytest.approx(study.sample_top1)
