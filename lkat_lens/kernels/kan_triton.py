@@ -5,7 +5,8 @@ W [N, K]: y = psi(x) W^T with psi(x)[r, k] = sum_g w[k, g] phi_g(x[r, k]). psi i
 as it is loaded (prologue), so it never reaches HBM. The backward computes dpsi = dy W with
 dx = dpsi * psi'(x) and this tile's share of dw[k, g] = sum_r dpsi[r, k] phi_g(x[r, k]) in the epilogue
 (a [row blocks, K, G] partial the host sums in a fixed order), and dW = dy^T psi(x) with psi again
-recomputed on the operand load.
+recomputed on the operand load, its reduction over rows split across programs (fp32 partials the host sums in a
+fixed order), since dW's [N, K] has too few tiles to fill the GPU.
 
 Edge basis (FastKAN), W [N, K*G] with column p*G + g: y = Phi(x) W^T with Phi(x)[r, p*G + g] = phi_g(x[r, p]).
 The K loop walks (channel block, span of four centers) and generates the four basis tiles from one x
@@ -37,6 +38,7 @@ _T_MAX: tl.constexpr = tl.constexpr(40.0)
 _GROUP_M = 8
 # Under the interpreter: one small tile shape, so that masking and every loop run on tiny inputs.
 _INTERP_META = {"BLOCK_M": 16, "BLOCK_N": 16, "BLOCK_K": 16, "GROUP_M": 2}
+_MIN_SPLIT_ROWS = 1024  # a dW row split below this costs more in its partial's write than it gains
 
 
 @triton.jit
@@ -194,16 +196,19 @@ def _kan_bwd_dw_kernel(
     G: tl.constexpr, DOT: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
 ):  # fmt: skip
-    """dW = dy^T psi(x) with psi computed on the B tile; the loop runs over rows."""
+    """dW = dy^T psi(x) with psi computed on the B tile, split over rows: program (tile, s) sums the rows of
+    split s (num_programs(1) splits of whole BLOCK_M blocks) into the fp32 partial dw[s]."""
     pid_n, outs, out_ok, cols, col_ok = _program_tile(N, K, BLOCK_N, BLOCK_K, GROUP_M)
+    split, splits = tl.program_id(1), tl.num_programs(1)
+    rows_per_split = tl.cdiv(tl.cdiv(M, splits), BLOCK_M) * BLOCK_M
     acc = tl.zeros((BLOCK_N, BLOCK_K), dtype=tl.float32)
-    for m0 in range(0, M, BLOCK_M):
+    for m0 in range(split * rows_per_split, tl.minimum((split + 1) * rows_per_split, M), BLOCK_M):
         rows, row_ok = _block(m0, BLOCK_M, M)
         dy_t = _load(dy_ptr, outs, rows.to(tl.int64), stride_dyn, stride_dym, out_ok, row_ok)
         u = _load_u(x_ptr, rows, cols, stride_xm, stride_xk, row_ok, col_ok, scale, shift)
         psi = _grid_sum(u, gw_ptr, cols, col_ok, stride_gw, G, None, None)
         acc = _mma(dy_t, psi.to(dy_t.dtype), acc, DOT)
-    _store(dw_ptr, acc, outs, cols, stride_dwn, stride_dwk, out_ok, col_ok)
+    _store(dw_ptr + split.to(tl.int64) * N * K, acc, outs, cols, stride_dwn, stride_dwk, out_ok, col_ok)
 
 
 @triton.jit
@@ -412,11 +417,27 @@ def kan_bwd(
     if need_dw:
         dw = _empty_weight_grad(weight, M)
         if M:
+            splits = _row_splits(x2d.device, M, N, K)
+            part = torch.empty(splits, N, K, device=x2d.device, dtype=torch.float32)
             _launch(
-                "kan_dw", (N, K), "NK", x2d, gw32, dy, dw, M, N, K,
-                *x2d.stride(), stride_gw, *dy.stride(), *dw.stride(), scale, shift, G=G, DOT=dot,
+                "kan_dw", (N, K), "NK", x2d, gw32, dy, part, M, N, K,
+                *x2d.stride(), stride_gw, *dy.stride(), *part.stride()[1:], scale, shift, G=G, DOT=dot,
+                spans=splits,
             )  # fmt: skip
+            dw.copy_(part.sum(0))
     return dx, dgw, dw
+
+
+def _row_splits(device: torch.device, M: int, N: int, K: int) -> int:
+    """How many row splits dW's reduction over M gets: its [N, K] output has few tiles (12 for a 768 x 192 layer
+    at 128 x 128), so without splits a handful of programs loop over every row while most SMs idle. Enough splits
+    for about two waves of the smallest dW tile, each split at least _MIN_SPLIT_ROWS rows; summed in a fixed
+    order (deterministic)."""
+    if INTERPRET:
+        return max(1, min(4, M // _INTERP_META["BLOCK_M"]))
+    tiles = triton.cdiv(N, 64) * triton.cdiv(K, 64)
+    waves = 2 * torch.cuda.get_device_properties(device).multi_processor_count
+    return max(1, min(waves // tiles, M // _MIN_SPLIT_ROWS))
 
 
 def _empty_weight_grad(weight: torch.Tensor, M: int) -> torch.Tensor:
