@@ -199,6 +199,15 @@ def test_vector_export_is_reproducible(lkat, images, tmp_path, fmt):
     assert outs[0].read_bytes().startswith(b"%PDF" if fmt == "pdf" else b"<svg")
 
 
+def test_make_figures_refuses_counts_below_one(tmp_path):
+    """The Python API checks what the command line's argparse types check, before any file is read."""
+    for option, value in (("edges", 0), ("batch_size", -1)):
+        flag = "--" + option.replace("_", "-")
+        with pytest.raises(ValueError, match=f"{flag} must be at least 1, got {value}"):
+            figures_cli.make_figures(tmp_path / "missing.pt", tmp_path / "out", fmt="html", **{option: value})
+    assert not (tmp_path / "out").exists()
+
+
 def test_cli_html_without_browser(digits_checkpoint, tmp_path, monkeypatch, capsys):
     monkeypatch.setattr(figures_cli, "find_browser", lambda: None)
     argv = [str(digits_checkpoint), "--blocks", "1", "--edges", "2", "--num-images", "8", "--overlay-images", "1"]
