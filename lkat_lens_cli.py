@@ -12,7 +12,7 @@ import sys
 from collections.abc import Callable, Sequence
 
 UserError = (FileNotFoundError, ValueError)  # lkat_lens.checkpoint.CheckpointError is a ValueError
-FIGURE_FORMATS = ("png", "svg", "pdf", "html")  # lkat_lens.figures_cli.FORMATS (a test keeps them equal)
+FIGURE_FORMATS = ("png", "svg", "pdf", "html")  # lkat_lens.figures.export.FORMATS (a test keeps them equal)
 
 
 def cmd_info(args: argparse.Namespace) -> None:
@@ -30,7 +30,8 @@ def cmd_analyze(args: argparse.Namespace) -> None:
     import torch
 
     from lkat_lens import distributed
-    from lkat_lens.report import analyze, write_report
+    from lkat_lens.analyses.serialize import write_json
+    from lkat_lens.report import analyze
     from lkat_lens.study import Study
 
     torch.manual_seed(args.seed)
@@ -56,7 +57,7 @@ def cmd_analyze(args: argparse.Namespace) -> None:
         distributed.teardown()
     if report is None:  # a rank other than 0
         return
-    write_report(report, args.out)
+    write_json(report, args.out)
     if study.device.type == "cuda":
         print(f"peak GPU memory: {torch.cuda.max_memory_allocated(study.device) / 2**30:.2f} GiB")
     print(f"wrote {args.out} ({', '.join(k for k in report if k not in ('checkpoint', 'model', 'data', 'sample'))})")

@@ -31,6 +31,7 @@ import lkat_lens  # noqa: F401 (registers the models with timm)
 from lkat_lens import figures_cli, report
 from lkat_lens.checkpoint import CheckpointInfo
 from lkat_lens.data import Sample
+from lkat_lens.figures.export import write_figures
 from lkat_lens.study import Study, StudyDefaults, resolve_device
 
 
@@ -141,7 +142,7 @@ def main(argv: list[str] | None = None) -> None:
             **figures_cli.analysis_figures(study, tqdm(disable=True)),
         }
         html = Path("/tmp/bench_figures")
-        figures_cli.write_figures(figs, html, "html")
+        write_figures(figs, html, "html")
         rows["figures_all_blocks_html"] = time.perf_counter() - begun
     peak = max(peaks.values()) if peaks else None
     model = f"{args.checkpoint} ({study.info.model_name})" if args.checkpoint else f"{args.model} (random init, seeded)"

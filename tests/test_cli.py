@@ -8,7 +8,7 @@ import subprocess
 import sys
 
 import lkat_lens_cli
-from lkat_lens import figures_cli
+from lkat_lens.figures import export
 
 NO_TORCH = """
 import sys, lkat_lens_cli
@@ -38,8 +38,8 @@ def test_console_script_is_installed():
     assert shutil.which("lkat-lens", path=str(sys.exec_prefix) + "/bin") or shutil.which("lkat-lens")
 
 
-def test_figure_formats_match_the_figures_front_end():
-    assert lkat_lens_cli.FIGURE_FORMATS == figures_cli.FORMATS
+def test_figure_formats_match_the_figure_export():
+    assert lkat_lens_cli.FIGURE_FORMATS == export.FORMATS
 
 
 def test_train_subcommand_is_the_trainer(capsys):
