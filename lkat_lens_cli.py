@@ -12,7 +12,7 @@ import sys
 from collections.abc import Callable, Sequence
 
 UserError = (FileNotFoundError, ValueError)  # lkat_lens.checkpoint.CheckpointError is a ValueError
-FIGURE_FORMATS = ("png", "svg", "pdf", "html")  # lkat_lens.figures_cli.FORMATS (a test keeps them equal)
+FIGURE_FORMATS = ("png", "svg", "pdf", "html")  # lkat_lens.figures.export.FORMATS (a test keeps them equal)
 
 
 def cmd_info(args: argparse.Namespace) -> None:
@@ -30,11 +30,10 @@ def cmd_analyze(args: argparse.Namespace) -> None:
     import torch
 
     from lkat_lens import distributed
-    from lkat_lens.report import analyze, write_report
+    from lkat_lens.analyses.serialize import write_json
+    from lkat_lens.report import analyze
     from lkat_lens.study import Study
 
-    if args.batch_size < 1:
-        raise ValueError(f"--batch-size must be at least 1, got {args.batch_size}")
     torch.manual_seed(args.seed)
     device = args.device
     if distributed.launched_by_torchrun():
@@ -58,7 +57,7 @@ def cmd_analyze(args: argparse.Namespace) -> None:
         distributed.teardown()
     if report is None:  # a rank other than 0
         return
-    write_report(report, args.out)
+    write_json(report, args.out)
     if study.device.type == "cuda":
         print(f"peak GPU memory: {torch.cuda.max_memory_allocated(study.device) / 2**30:.2f} GiB")
     print(f"wrote {args.out} ({', '.join(k for k in report if k not in ('checkpoint', 'model', 'data', 'sample'))})")
@@ -92,6 +91,19 @@ def cmd_patch(args: argparse.Namespace) -> None:
     run(args)
 
 
+def at_least(minimum: int) -> Callable[[str], int]:
+    """An argparse `type=`: an int of at least `minimum` (argparse prints the error and exits 2)."""
+
+    def parse(text: str) -> int:
+        value = int(text)  # a ValueError reads "invalid int value: 'x'"
+        if value < minimum:
+            raise argparse.ArgumentTypeError(f"must be at least {minimum}, got {value}")
+        return value
+
+    parse.__name__ = "int"
+    return parse
+
+
 def add_data_arguments(parser: argparse.ArgumentParser, num_images: int) -> None:
     """Where a subcommand's images come from and how many it analyses."""
     parser.add_argument(
@@ -105,9 +117,9 @@ def add_data_arguments(parser: argparse.ArgumentParser, num_images: int) -> None
         help="object masks of the held-out images: one PNG per image with its file stem (nonzero = object), "
         "as DIR/<class>/<stem>.png or DIR/<stem>.png (shapes draws its own)",
     )
-    parser.add_argument("--num-images", type=int, default=num_images, help="held-out images analysed")
+    parser.add_argument("--num-images", type=at_least(1), default=num_images, help="held-out images analysed")
     parser.add_argument("--device", help="where the model runs: cpu, cuda or cuda:N (default: cuda when available)")
-    parser.add_argument("--batch-size", type=int, default=64, help="images per forward pass of the statistics")
+    parser.add_argument("--batch-size", type=at_least(1), default=64, help="images per forward pass of the statistics")
 
 
 def add_progress_argument(parser: argparse.ArgumentParser) -> None:
@@ -136,7 +148,7 @@ def build_parser() -> argparse.ArgumentParser:
     analyze = sub.add_parser("analyze", help="run every analysis and write a JSON report")
     add_checkpoint_argument(analyze)
     add_data_arguments(analyze, num_images=64)
-    analyze.add_argument("--probe-images", type=int, default=256, help="training images the probes fit on")
+    analyze.add_argument("--probe-images", type=at_least(2), default=256, help="training images the probes fit on")
     analyze.add_argument("--attribution-images", type=int, default=4)
     analyze.add_argument("--seed", type=int, default=0)
     analyze.add_argument("--out", default="report.json")
@@ -149,7 +161,9 @@ def build_parser() -> argparse.ArgumentParser:
     figs.add_argument("--out", default="figures", help="output folder")
     figs.add_argument("--format", choices=FIGURE_FORMATS, default="png", dest="fmt")
     figs.add_argument("--blocks", default="all", help="'all' or block numbers such as 0,5,11")
-    figs.add_argument("--edges", type=int, default=16, help="edge functions per layer grid (most important first)")
+    figs.add_argument(
+        "--edges", type=at_least(1), default=16, help="edge functions per layer grid (most important first)"
+    )
     figs.add_argument("--overlay-images", type=int, default=4, help="images shown with attention/attribution maps")
     figs.add_argument("--seed", type=int, default=0)
     add_progress_argument(figs)
@@ -167,7 +181,9 @@ def build_parser() -> argparse.ArgumentParser:
     evaluate.add_argument(
         "--explain", choices=("predicted", "label"), default="predicted", help="the class each map explains"
     )
-    evaluate.add_argument("--mprt-images", type=int, default=16, help="images of the randomisation test (0: none)")
+    evaluate.add_argument(
+        "--mprt-images", type=at_least(0), default=16, help="images of the randomisation test (0: none)"
+    )
     evaluate.add_argument("--out", default="evaluation", help="output folder (evaluation.json and figures)")
     evaluate.add_argument("--format", choices=FIGURE_FORMATS, default="png", dest="fmt")
     evaluate.add_argument("--seed", type=int, default=0)
@@ -176,8 +192,12 @@ def build_parser() -> argparse.ArgumentParser:
     explore = sub.add_parser("explore", help="serve the interactive explorer of one or more checkpoints")
     explore.add_argument("checkpoints", nargs="+", help="one or more lkat-lens checkpoints, shown side by side")
     add_data_arguments(explore, num_images=32)
-    explore.add_argument("--edges", type=int, default=8, help="edge functions per layer grid (most important first)")
-    explore.add_argument("--probe-images", type=int, default=256, help="training images the linear probes fit on")
+    explore.add_argument(
+        "--edges", type=at_least(1), default=8, help="edge functions per layer grid (most important first)"
+    )
+    explore.add_argument(
+        "--probe-images", type=at_least(2), default=256, help="training images the linear probes fit on"
+    )
     explore.add_argument("--host", default="127.0.0.1", help="interface to bind (default: local only)")
     explore.add_argument("--port", type=int, default=8050)
     explore.add_argument("--debug", action="store_true", help="Dash debug mode (reloader, tracebacks in the page)")

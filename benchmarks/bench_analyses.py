@@ -18,19 +18,20 @@ from __future__ import annotations
 
 import argparse
 import json
-import platform
 import time
 from datetime import date
 from pathlib import Path
 
 import timm
 import torch
+from common import device_name, write_result  # benchmarks/ is the script folder
 from tqdm.auto import tqdm
 
 import lkat_lens  # noqa: F401 (registers the models with timm)
 from lkat_lens import figures_cli, report
 from lkat_lens.checkpoint import CheckpointInfo
 from lkat_lens.data import Sample
+from lkat_lens.figures.export import write_figures
 from lkat_lens.study import Study, StudyDefaults, resolve_device
 
 
@@ -141,7 +142,7 @@ def main(argv: list[str] | None = None) -> None:
             **figures_cli.analysis_figures(study, tqdm(disable=True)),
         }
         html = Path("/tmp/bench_figures")
-        figures_cli.write_figures(figs, html, "html")
+        write_figures(figs, html, "html")
         rows["figures_all_blocks_html"] = time.perf_counter() - begun
     peak = max(peaks.values()) if peaks else None
     model = f"{args.checkpoint} ({study.info.model_name})" if args.checkpoint else f"{args.model} (random init, seeded)"
@@ -153,7 +154,7 @@ def main(argv: list[str] | None = None) -> None:
         "attribution_images": args.attribution_images,
         "threads": torch.get_num_threads(),
         "batch_size": args.batch_size,
-        "device": torch.cuda.get_device_name(device) if device.type == "cuda" else platform.processor() or "cpu",
+        "device": device_name(device),
         "torch": torch.__version__,
         "date": date.today().isoformat(),
         "seconds": rows,
@@ -163,8 +164,7 @@ def main(argv: list[str] | None = None) -> None:
     print(json.dumps(result, indent=1))
     if args.profile:
         profile_edge_statistics(study, args.profile, device)
-    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.out).write_text(json.dumps(result, indent=1) + "\n")
+    write_result(args.out, result, indent=1)
 
 
 if __name__ == "__main__":

@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import platform
 import statistics
 import tempfile
 import time
@@ -25,6 +24,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from common import device_name, write_result  # benchmarks/ is the script folder
 
 import lkat_lens  # noqa: F401 (registers the models with timm)
 from lkat_lens.apps.explorer import create_app
@@ -142,7 +142,7 @@ def main(argv: list[str] | None = None) -> None:
         "images": args.images,
         "edges": args.edges,
         "blocks": blocks,
-        "device": torch.cuda.get_device_name(device) if device.type == "cuda" else platform.processor() or "cpu",
+        "device": device_name(device),
         "study_device": str(ckpt.device),
         "torch": torch.__version__,
         "date": date.today().isoformat(),
@@ -157,9 +157,7 @@ def main(argv: list[str] | None = None) -> None:
         "peak_gpu_memory_gib": torch.cuda.max_memory_allocated(device) / 2**30 if device.type == "cuda" else None,
     }
     print(json.dumps(result, indent=1))
-    out = Path(args.out or f"benchmarks/results/explorer_{device.type}.json")
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(result, indent=1) + "\n")
+    write_result(args.out or f"benchmarks/results/explorer_{device.type}.json", result, indent=1)
 
 
 if __name__ == "__main__":

@@ -11,13 +11,12 @@ Writes JSON and prints a markdown table.
 from __future__ import annotations
 
 import argparse
-import json
 from pathlib import Path
 
 import torch
 import torch.nn.functional as F
-from bench_model import RESULTS, time_ms  # benchmarks/ is the script folder
-from common import environment
+from bench_model import time_ms  # benchmarks/ is the script folder
+from common import dated_result_path, environment, write_result
 
 from lkat_lens.kernels.gla import gated_linear_attention, gla_recurrent
 
@@ -100,9 +99,7 @@ def main() -> None:
         row.update(fwd_x_sdpa=row["fwd_ms"] / base["fwd_ms"], fwd_bwd_x_sdpa=row["fwd_bwd_ms"] / base["fwd_bwd_ms"])
         row.update(env)
     lengths = length_sweep(args) if args.lengths else []
-    out = args.out or RESULTS / f"bench_gla-{env['gpu'].replace(' ', '_')}-{env['date']}.json"
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps({"sublayer": rows, "lengths": lengths}, indent=2))
+    write_result(args.out or dated_result_path("bench_gla", env), {"sublayer": rows, "lengths": lengths})
     print(f"GLA sublayer, B T H D = {shape}, bf16 (gates fp32); errors on batch {args.error_batch}")
     print(
         "| op | fwd ms | fwd+bwd ms | fwd × SDPA | fwd+bwd × SDPA | max rel err (o, dq, dk, dv, dgk) | GPU | torch "

@@ -12,14 +12,12 @@ the agreement of the intervened model on CUDA with the exact forms (finite logit
 from __future__ import annotations
 
 import argparse
-import json
-import platform
 import time
 from datetime import date
-from pathlib import Path
 
 import timm
 import torch
+from common import device_name, write_result  # benchmarks/ is the script folder
 
 import lkat_lens  # noqa: F401 (registers the models with timm)
 from lkat_lens.analyses.batching import full_fp32
@@ -85,15 +83,13 @@ def main(argv: list[str] | None = None) -> None:
         "model": args.model,
         "images": args.images,
         "batch_size": args.batch_size,
-        "device": torch.cuda.get_device_name(device) if device.type == "cuda" else platform.processor() or "cpu",
+        "device": device_name(device),
         "date": str(date.today()),
         "torch": torch.__version__,
         "steps": results,
         "summary": summary,
     }
-    out = Path(args.out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(record, indent=2))
+    out = write_result(args.out, record)
     print(f"wrote {out}")
 
 

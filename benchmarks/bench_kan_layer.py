@@ -14,19 +14,17 @@ weights, next to x's size. Writes JSON (--out) and prints markdown tables.
 from __future__ import annotations
 
 import argparse
-import json
 from collections.abc import Callable
 from pathlib import Path
 
 import torch
 import torch.nn.functional as F
-from common import environment  # benchmarks/ is the script folder
+from common import dated_result_path, environment, write_result  # benchmarks/ is the script folder
 from triton.testing import do_bench
 
 from lkat_lens.kernels import kan_dispatch
 from lkat_lens.kernels.kan_linear import edge_kan_linear, kan_linear
 
-RESULTS = Path(__file__).parent / "results"
 GRID = (-2.0, 2.0)
 MiB = 2**20
 TIMING = {"warmup": 10, "rep": 50, "return_mode": "median"}  # ms of warm-up and of timed repeats
@@ -130,9 +128,7 @@ def main() -> None:
     for layer, (K, N) in (("fc1", (args.dim, args.hidden)), ("fc2", (args.hidden, args.dim))):
         rows = bench_shared(args.tokens, K, N, args.shared_grid) + bench_edge(args.tokens, K, N, args.edge_grid)
         results.append({"layer": layer, "tokens": args.tokens, "rows": rows, "ratios": ratios(rows), **env})
-    out = args.out or RESULTS / f"bench_kan_layer-{env['gpu'].replace(' ', '_')}-{env['date']}.json"
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(results, indent=2))
+    write_result(args.out or dated_result_path("bench_kan_layer", env), results)
     print(f"\nbf16, x = [{args.tokens}, in], forward+backward")
     stamp = [env["gpu"], env["torch"], env["triton"], env["date"]]
     header = ["layer", "basis", "G", "in -> out", "path", "ms", "peak MiB", "largest saved activation MiB", "x MiB"]

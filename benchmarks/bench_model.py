@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import argparse
 import gc
-import json
 import math
 import time
 from dataclasses import asdict, dataclass
@@ -35,12 +34,11 @@ from pathlib import Path
 
 import timm
 import torch
-from common import environment  # benchmarks/ is the script folder
+from common import dated_result_path, environment, write_result  # benchmarks/ is the script folder
 from profile_step import profile_step
 
 import lkat_lens
 
-RESULTS = Path(__file__).parent / "results"
 SIZES = {"tiny": "T", "small": "S", "base": "B"}
 PAPER = "paper config"
 
@@ -237,7 +235,7 @@ def sweep(args: argparse.Namespace, out: Path) -> dict:
         for config in (vit("small"), lkat("small", args.attn[0])):
             result["rows"].append({**bench(config, batch, img, args.warmup, args.iters), **environment()})
             result["crossover"] = {k: crossover(result["rows"], f"{k}_img_s") for k in ("train", "infer")}
-            out.write_text(json.dumps(result, indent=2))
+            write_result(out, result)
     return result
 
 
@@ -391,7 +389,7 @@ def compare(args: argparse.Namespace, out: Path) -> list[dict]:
                 row["seconds"] = time.perf_counter() - start
                 rows.append({**row, **environment()})
                 compare_ratios(rows)
-                out.write_text(json.dumps(rows, indent=2))
+                write_result(out, rows)
                 print(f"{label} {mode}: {row.get('error') or _summary(row)}", flush=True)
     return rows
 
@@ -450,8 +448,7 @@ def main() -> None:
     args = parser.parse_args()
     env = environment()
     name = "bench_model_sweep" if args.sweep else "bench_model_compare" if args.compare else "bench_model"
-    out = args.out or RESULTS / f"{name}-{env['gpu'].replace(' ', '_')}-{env['date']}.json"
-    out.parent.mkdir(parents=True, exist_ok=True)
+    out = args.out or dated_result_path(name, env)
     if args.compare:
         print_compare(compare(args, out))
         return
@@ -463,7 +460,7 @@ def main() -> None:
     for config in main_configs(args.sizes, args.attn, compile_modes):
         rows.append({**bench(config, args.batch, args.img_size, args.warmup, args.iters), **env})
         add_ratios(rows)
-        out.write_text(json.dumps(rows, indent=2))  # after every row: a run cut short keeps what it measured
+        write_result(out, rows)  # after every row: a run cut short keeps what it measured
     print_main(rows)
 
 

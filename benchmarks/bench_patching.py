@@ -16,13 +16,12 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import statistics
 import time
 from datetime import date
-from pathlib import Path
 
 import torch
+from common import device_name, write_result  # benchmarks/ is the script folder
 
 import lkat_lens
 from lkat_lens.analyses import interventions as iv
@@ -88,7 +87,7 @@ def main(argv: list[str] | None = None) -> None:
     row = {
         "model": name,
         "weights": args.checkpoint or "random-init (seeded)",
-        "device": torch.cuda.get_device_name(device) if device.type == "cuda" else platform.processor() or "cpu",
+        "device": device_name(device),
         "threads": torch.get_num_threads(),
         "load_average": os.getloadavg() if hasattr(os, "getloadavg") else None,
         "blocks": len(result.blocks),
@@ -116,9 +115,7 @@ def main(argv: list[str] | None = None) -> None:
     if device.type == "cuda":
         row["peak_memory_gib"] = torch.cuda.max_memory_allocated(device) / 2**30
     print(json.dumps(row, indent=2))
-    out = Path(args.out or f"benchmarks/results/patching_{device.type}.json")
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(row, indent=2) + "\n")
+    write_result(args.out or f"benchmarks/results/patching_{device.type}.json", row)
 
 
 if __name__ == "__main__":

@@ -14,19 +14,17 @@ reads x and dy and writes dx). Writes JSON (--out) and prints markdown tables.
 from __future__ import annotations
 
 import argparse
-import json
 from collections.abc import Callable
 from pathlib import Path
 
 import torch
-from common import environment  # benchmarks/ is the script folder
+from common import dated_result_path, environment, write_result  # benchmarks/ is the script folder
 from paper_rbf_kernel import paper_rbf_grid_linear
 from triton.testing import do_bench
 
 from lkat_lens.kernels import rbf_triton
 from lkat_lens.kernels.rbf import rbf_grid_linear, rbf_grid_linear_reference
 
-RESULTS = Path(__file__).parent / "results"
 DTYPES = {"bf16": torch.bfloat16, "fp32": torch.float32}
 GRID = (-2.0, 2.0)
 TIMING = {"warmup": 10, "rep": 50, "return_mode": "median"}  # ms of warm-up and of timed repeats
@@ -168,9 +166,7 @@ def main() -> None:
             for form in args.forms
             for G in args.grids
         ]
-    out = args.out or RESULTS / f"bench_rbf-{env['gpu'].replace(' ', '_')}-{env['date']}.json"
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps({"sweep": sweep, "bandwidth": bandwidth}, indent=2))
+    write_result(args.out or dated_result_path("bench_rbf", env), {"sweep": sweep, "bandwidth": bandwidth})
     print_tables(sweep, bandwidth, env, args)
 
 

@@ -12,14 +12,13 @@ rows use CPU time, which other load slows less.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import platform
 import time
 from datetime import date
-from pathlib import Path
 
 import torch
+from common import write_result  # benchmarks/ is the script folder
 from torch.utils.data import DataLoader
 
 from lkat_lens import data as lkdata
@@ -71,8 +70,7 @@ def main() -> None:
     env = {"cpu_count": os.cpu_count(), "python": platform.python_version(), "torch": torch.__version__}
     env |= {"img_size": args.img_size, "date": date.today().isoformat(), "load_average_1min": os.getloadavg()[0]}
     result = {"environment": env, "rows": rows}
-    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.out).write_text(json.dumps(result, indent=2) + "\n")
+    write_result(args.out, result)
     for row in rows:
         print(f"{row['what']:>20}: {row['images_per_s']:8.0f} images/s")
     print(f"wrote {args.out}")

@@ -25,6 +25,7 @@ from datetime import date
 from pathlib import Path
 
 import torch
+from common import RESULTS, write_result  # benchmarks/ is the script folder
 
 ROOT = Path(__file__).resolve().parents[1]
 CLI = [sys.executable, str(ROOT / "lkat_lens_cli.py")]
@@ -75,7 +76,7 @@ def training(scratch: Path) -> dict[str, float]:
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "cpu.json"))
+    parser.add_argument("--out", default=str(RESULTS / "cpu.json"))
     parser.add_argument("--runs", type=int, default=10, help="runs per start-up timing")
     args = parser.parse_args(argv)
     results: dict[str, object] = {"machine": machine()}
@@ -87,9 +88,7 @@ def main(argv: list[str] | None = None) -> None:
         best = str(scratch / "digits-default" / "best.pt")
         results["analyze_s"] = timed([*CLI, "analyze", best, "--out", str(scratch / "report.json")])
         results["figures_s"] = timed([*CLI, "figures", best, "--out", str(scratch / "figures")])
-    out = Path(args.out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(results, indent=1) + "\n")
+    out = write_result(args.out, results, indent=1)
     print(json.dumps(results, indent=1))
     print(f"wrote {out}")
 

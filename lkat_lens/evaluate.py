@@ -13,10 +13,9 @@ import torch
 from tqdm.auto import tqdm
 
 from .analyses.faithfulness import HIGHER_IS_BETTER, MAP_METHODS, MethodEvaluation, map_methods
-from .analyses.serialize import json_ready
+from .analyses.serialize import json_ready, write_json
+from .figures.export import check_static_export, write_figures
 from .figures.faithfulness import evaluation_figures
-from .figures_cli import check_static_export, write_figures
-from .report import write_report
 from .study import Study
 
 
@@ -78,7 +77,7 @@ def write_evaluation(
     """Write out/evaluation.json and the figures out/evaluation_*.<fmt>; returns the paths."""
     out = Path(out)
     report = evaluation_report(study, results, explain)
-    write_report(report, out / "evaluation.json")
+    write_json(report, out / "evaluation.json")
     return [out / "evaluation.json", *write_figures(evaluation_figures(results), out, fmt)]
 
 
@@ -93,10 +92,6 @@ def format_table(table: dict[str, dict[str, float]]) -> str:
 
 def cmd_evaluate(args: argparse.Namespace) -> None:
     """Score every relevance map against the object masks and write the JSON table and figures."""
-    if args.batch_size < 1:
-        raise ValueError(f"--batch-size must be at least 1, got {args.batch_size}")
-    if args.mprt_images < 0:
-        raise ValueError(f"--mprt-images must be 0 or more, got {args.mprt_images}")
     if args.fmt != "html":
         check_static_export()
     torch.manual_seed(args.seed)

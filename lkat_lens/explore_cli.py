@@ -11,14 +11,6 @@ def cmd_explore(args: argparse.Namespace) -> None:
     """Load the checkpoints and serve the explorer until interrupted."""
     from lkat_lens.apps.explorer import create_app
 
-    if args.num_images < 1:
-        raise ValueError(f"--num-images must be at least 1, got {args.num_images}")
-    if args.edges < 1:
-        raise ValueError(f"--edges must be at least 1, got {args.edges}")
-    if args.batch_size < 1:
-        raise ValueError(f"--batch-size must be at least 1, got {args.batch_size}")
-    if args.probe_images < 2:
-        raise ValueError(f"--probe-images must be at least 2, got {args.probe_images}")
     check_port_free(args.host, args.port)
     app = create_app(
         args.checkpoints,

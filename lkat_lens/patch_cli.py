@@ -15,7 +15,7 @@ from .analyses import interventions as iv
 from .analyses.parts import has_head_outputs
 from .analyses.serialize import json_ready
 from .figures import interventions as figs
-from .figures_cli import write_figures
+from .figures.export import write_figures
 from .images import load_image
 from .study import Study
 

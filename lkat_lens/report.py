@@ -2,10 +2,7 @@
 
 from __future__ import annotations
 
-import json
-import os
 from collections.abc import Callable
-from pathlib import Path
 from typing import Any
 
 from .analyses.grid_span import is_sliver
@@ -84,12 +81,3 @@ def analyze(study: Study, *, progress: bool | None = None) -> dict[str, Any] | N
             report[key] = job()
             bar.update()
     return json_ready(report)
-
-
-def write_report(report: dict[str, Any], path: str | os.PathLike) -> None:
-    """Write the report as strict JSON (atomically)."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_text(json.dumps(report, indent=1, allow_nan=False))
-    os.replace(tmp, path)

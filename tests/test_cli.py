@@ -8,7 +8,7 @@ import subprocess
 import sys
 
 import lkat_lens_cli
-from lkat_lens import figures_cli
+from lkat_lens.figures import export
 
 NO_TORCH = """
 import sys, lkat_lens_cli
@@ -38,8 +38,8 @@ def test_console_script_is_installed():
     assert shutil.which("lkat-lens", path=str(sys.exec_prefix) + "/bin") or shutil.which("lkat-lens")
 
 
-def test_figure_formats_match_the_figures_front_end():
-    assert lkat_lens_cli.FIGURE_FORMATS == figures_cli.FORMATS
+def test_figure_formats_match_the_figure_export():
+    assert lkat_lens_cli.FIGURE_FORMATS == export.FORMATS
 
 
 def test_train_subcommand_is_the_trainer(capsys):
@@ -63,11 +63,29 @@ def test_explore_on_a_port_in_use_exits_2_before_loading(digits_checkpoint):
     assert "running on" not in done.stdout.lower()
 
 
-def test_device_and_batch_size_errors_are_one_line(digits_checkpoint, capsys):
-    """Issue 15: --device and --batch-size on analyze, figures and explore; bad values exit 2 with one message."""
-    for command in ("analyze", "figures", "explore"):
-        assert lkat_lens_cli.main([command, str(digits_checkpoint), "--batch-size", "0"]) == 2
-        assert "--batch-size must be at least 1, got 0" in capsys.readouterr().err
+def test_counts_below_their_minimum_are_argument_errors():
+    """--batch-size, --num-images, --edges, --probe-images and --mprt-images below their minimum: argparse's
+    one-line error naming the option, exit 2, before torch is imported."""
+    cases = [(command, "--batch-size", "0", 1) for command in ("analyze", "figures", "evaluate", "explore")] + [
+        ("analyze", "--num-images", "0", 1),
+        ("explore", "--num-images", "-3", 1),
+        ("figures", "--edges", "0", 1),
+        ("explore", "--edges", "0", 1),
+        ("analyze", "--probe-images", "1", 2),
+        ("explore", "--probe-images", "1", 2),
+        ("evaluate", "--mprt-images", "-1", 0),
+    ]
+    for command, option, value, minimum in cases:
+        done = run_cli_in_fresh_interpreter([command, "ckpt.pt", option, value])
+        assert "exit 2" in done.stdout and "torch imported: False" in done.stdout, (command, option)
+        error = f"lkat-lens {command}: error: argument {option}: must be at least {minimum}, got {int(value)}\n"
+        assert done.stderr.endswith(error), done.stderr
+    done = run_cli_in_fresh_interpreter(["figures", "ckpt.pt", "--edges", "many"])
+    assert done.stderr.endswith("argument --edges: invalid int value: 'many'\n"), done.stderr
+
+
+def test_device_errors_are_one_line(digits_checkpoint, capsys):
+    """Issue 15: --device on analyze; a bad value exits 2 with one message."""
     assert lkat_lens_cli.main(["analyze", str(digits_checkpoint), "--device", "tpu9"]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "unknown device 'tpu9'; use cpu, cuda or cuda:N" in err

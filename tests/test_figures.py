@@ -14,6 +14,7 @@ from lkat_lens import figures, figures_cli
 from lkat_lens.analyses import attention, attributions, edge_functions, gates, grid_span, parts, tokens
 from lkat_lens.checkpoint import CheckpointInfo
 from lkat_lens.data import Sample
+from lkat_lens.figures import export
 from lkat_lens.figures.training import QUANTITIES
 from lkat_lens.images import display_images
 from lkat_lens.study import Study
@@ -194,13 +195,22 @@ def test_cli_writes_every_png(digits_checkpoint, tmp_path):
 @pytest.mark.parametrize("fmt", ["svg", "pdf"])
 def test_vector_export_is_reproducible(lkat, images, tmp_path, fmt):
     fig = figures.token_norm_figure(tokens.token_norms(lkat, images))
-    outs = [figures_cli.write_figures({"token_norms": fig}, tmp_path / run, fmt)[0] for run in "ab"]
+    outs = [export.write_figures({"token_norms": fig}, tmp_path / run, fmt)[0] for run in "ab"]
     assert outs[0].read_bytes() == outs[1].read_bytes()
     assert outs[0].read_bytes().startswith(b"%PDF" if fmt == "pdf" else b"<svg")
 
 
+def test_make_figures_refuses_counts_below_one(tmp_path):
+    """The Python API checks what the command line's argparse types check, before any file is read."""
+    for option, value in (("edges", 0), ("batch_size", -1)):
+        flag = "--" + option.replace("_", "-")
+        with pytest.raises(ValueError, match=f"{flag} must be at least 1, got {value}"):
+            figures_cli.make_figures(tmp_path / "missing.pt", tmp_path / "out", fmt="html", **{option: value})
+    assert not (tmp_path / "out").exists()
+
+
 def test_cli_html_without_browser(digits_checkpoint, tmp_path, monkeypatch, capsys):
-    monkeypatch.setattr(figures_cli, "find_browser", lambda: None)
+    monkeypatch.setattr(export, "find_browser", lambda: None)
     argv = [str(digits_checkpoint), "--blocks", "1", "--edges", "2", "--num-images", "8", "--overlay-images", "1"]
     assert run_figures([*argv, "--format", "png", "--out", str(tmp_path / "png")]) == 2
     assert "chromium" in capsys.readouterr().err
