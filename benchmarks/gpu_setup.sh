@@ -29,3 +29,16 @@ step() {  # step NAME SECONDS COMMAND...: under timeout (at most what is left of
   echo "== $name: exit $? after $((SECONDS - t0)) s (limit $limit s)"
   tail -n "${TAIL:-12}" "$OUT/$name.log"
 }
+
+parallel_tests() {  # parallel_tests SECONDS FILE...: tests/gpu/FILE.py as concurrent pytest processes (Triton's
+  # first compiles are CPU-bound and the machine has 16 cores), each under timeout; logs in $OUT/FILE.log
+  local limit=$1 left=$((deadline - SECONDS)) t0=$SECONDS name
+  shift
+  [ "$left" -lt "$limit" ] && limit=$left
+  for name in "$@"; do
+    timeout "$limit" python3 -m pytest -q -m gpu -p no:cacheprovider "tests/gpu/$name.py" > "$OUT/$name.log" 2>&1 &
+  done
+  wait
+  for name in "$@"; do echo "== $name (concurrent, limit $limit s): $(tail -n 1 "$OUT/$name.log")"; done
+  echo "== concurrent tests: $((SECONDS - t0)) s"
+}

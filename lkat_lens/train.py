@@ -94,6 +94,12 @@ def build_parser(prog: str = "python -m lkat_lens.train") -> argparse.ArgumentPa
         help="shapes only: training images drawn (default: 10000; every index is a fixed image)",
     )
     g.add_argument("--val-images", type=int, default=None, help="shapes only: validation images (default: 2000)")
+    g.add_argument(
+        "--cache-images",
+        action="store_true",
+        help="shapes only: draw every image once, over --workers processes, and keep it in memory (uint8, "
+        "150 KB per 224² image), so that each epoch costs the augmentation only",
+    )
     g = p.add_argument_group("model")
     g.add_argument(
         "--model",
@@ -253,6 +259,9 @@ def build_datasets(
             both(True)
         lkdist.barrier()
     train_ds, val_ds = both(cfg.download and not info.distributed)
+    if cfg.cache_images:
+        for ds in (train_ds, val_ds):
+            ds.draw_all(cfg.workers)
     data_info = {
         "name": name,
         "class_names": lkdata.check_same_classes(train_ds, val_ds),

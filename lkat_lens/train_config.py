@@ -17,7 +17,7 @@ FALLBACK_MODEL = "lkat_tiny_patch16_224"
 # On --resume every setting comes from the checkpoint except those of this invocation (always from the command
 # line) and those of this machine (from the command line when given there).
 INVOCATION_FLAGS = ("device", "compile", "threads", "max_steps")
-MACHINE_FLAGS = ("workers", "data_dir", "download")
+MACHINE_FLAGS = ("workers", "data_dir", "download", "cache_images")
 
 
 class UsageError(ValueError):
@@ -36,6 +36,7 @@ class TrainConfig:
     workers: int | None = None
     train_images: int | None = None  # procedural datasets (shapes): images per split (None: the dataset's)
     val_images: int | None = None
+    cache_images: bool = False  # shapes: draw every image once into memory before training
     # model
     model: str | None = None
     img_size: int | None = None
@@ -132,6 +133,8 @@ def resolve_config(
         for key in ("train_images", "val_images"):
             if cfg[key] is not None:
                 raise UsageError(f"--{key.replace('_', '-')} applies to procedural datasets (shapes), not {dataset}")
+        if cfg["cache_images"]:
+            raise UsageError(f"--cache-images applies to procedural datasets (shapes), not {dataset}")
     minimum = {"epochs": 1, "batch_size": 1, "img_size": 1, "warmup_epochs": 0, "workers": 0}
     minimum.update(train_images=1, val_images=1)
     minimum.update(telemetry_every=1, telemetry_images=1, snapshot_every=1, keep=1)

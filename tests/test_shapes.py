@@ -3,6 +3,7 @@ to an ImageFolder with masks and back through --masks, mask errors, and a real t
 
 from __future__ import annotations
 
+import json
 import math
 from pathlib import Path
 
@@ -211,5 +212,29 @@ def test_dataset_size_flags_are_for_shapes_only():
         lktrain.resolve_config(parse(["--data", "digits", "--train-images", "10"]), None)
     with pytest.raises(lktrain.UsageError, match="--val-images is out of range"):
         lktrain.resolve_config(parse(["--data", "shapes", "--val-images", "0"]), None)
+    with pytest.raises(lktrain.UsageError, match="--cache-images applies to procedural datasets"):
+        lktrain.resolve_config(parse(["--data", "digits", "--cache-images"]), None)
     cfg = lktrain.resolve_config(parse(["--data", "shapes"]), None)
     assert (cfg.recipe, cfg.img_size, cfg.model) == ("shapes", 224, "lkat_tiny_patch16_224")
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_images_drawn_into_memory_are_the_images_drawn_on_the_fly(workers):
+    on_the_fly = shapes.ShapesDataset("val", 24, num_images=13, seed=3)
+    cached = shapes.ShapesDataset("val", 24, num_images=13, seed=3).draw_all(workers, batch_size=4)
+    assert cached.pixels.shape == (13, 24, 24, 3) and cached.pixels.dtype == torch.uint8
+    for i in range(13):
+        assert np.array_equal(np.asarray(cached[i][0]), np.asarray(on_the_fly[i][0])), i
+        assert cached[i][1] == on_the_fly[i][1]
+
+
+def test_trainer_with_cache_images_trains_as_without(tmp_path, capsys):
+    """--cache-images changes where the pixels come from, not what the run sees: the same losses."""
+    losses = {}
+    for flag in ("", " --cache-images"):
+        argv = "--data shapes --img-size 16 --model lkat_micro --threads 1 --epochs 1 --max-steps 3 --batch-size 8"
+        argv += f" --train-images 32 --val-images 8 --no-telemetry --name r{len(flag)} --out-dir {tmp_path}{flag}"
+        assert lktrain.main(argv.split()) == 0, capsys.readouterr().err
+        lines = (tmp_path / f"r{len(flag)}" / "metrics.jsonl").read_text().splitlines()
+        losses[flag] = [json.loads(line)["train_loss"] for line in lines]
+    assert losses[""] == losses[" --cache-images"]
