@@ -119,7 +119,9 @@ def test_compiled_lkat_fp32_equals_eager(lkat_setup):
     model = copy.deepcopy(model).set_backends(attn="fused_recurrent", kan="triton")
     eager = step(model, x, y, torch.float32)
     compiled = step(model, x, y, torch.float32, "default")
-    assert rel(compiled[0], eager[0]) < 1e-4 and rel(compiled[1], eager[1]) < 1e-3
+    errors = rel(compiled[0], eager[0]), rel(compiled[1], eager[1])
+    print(f"fp32: rel. error compiled vs eager (logits, grads) {errors}")
+    assert errors[0] < 1e-4 and errors[1] < 1e-3, errors
     torch.compiler.reset()
 
 
