@@ -114,11 +114,14 @@ def test_compiled_lkat_bf16_matches_eager(lkat_setup, attn, kan):
 
 
 def test_compiled_lkat_fp32_equals_eager(lkat_setup):
-    """In fp32 (TF32 off) the compiled model equals the eager one to fp32 rounding."""
+    """In fp32 with TF32 off (cuDNN's too: it is on by default, and eager and inductor may run the patch
+    embedding's convolution through different algorithms) the compiled model equals the eager one to fp32
+    rounding."""
     model, x, y = lkat_setup
     model = copy.deepcopy(model).set_backends(attn="fused_recurrent", kan="triton")
-    eager = step(model, x, y, torch.float32)
-    compiled = step(model, x, y, torch.float32, "default")
+    with torch.backends.cudnn.flags(enabled=True, allow_tf32=False):
+        eager = step(model, x, y, torch.float32)
+        compiled = step(model, x, y, torch.float32, "default")
     errors = rel(compiled[0], eager[0]), rel(compiled[1], eager[1])
     print(f"fp32: rel. error compiled vs eager (logits, grads) {errors}")
     assert errors[0] < 1e-4 and errors[1] < 1e-3, errors
