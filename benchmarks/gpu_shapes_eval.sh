@@ -1,12 +1,12 @@
 #!/usr/bin/env bash
-# Issue 16's GPU runs, part 2 (the next device call, on the machine that ran gpu_shapes_train.sh): every relevance
-# map of both models scored against the shapes masks (lkat-lens evaluate), then the H100 rows of issue 17's patching
-# benchmark (the trained LKAT-T) and issue 15's explorer benchmark (random-init LKAT-B). JSON under $OUT, and the
-# LKAT-T checkpoint in 15 MB parts (cat lkat_t_best.pt.part-* > best.pt).
-#   MODELS="lkat_t vit_t" bash benchmarks/gpu_shapes_eval.sh      (carry .whl and .gpucache)
+# Issue 16's GPU runs, part 2: every relevance map of both models scored against the shapes masks (lkat-lens
+# evaluate), then the H100 rows of issue 17's patching benchmark (the trained LKAT-T) and issue 15's explorer
+# benchmark (random-init LKAT-B). JSON under $OUT. The checkpoints are runs/<model>_shapes224/best.pt: rebuilt here
+# from the parts gpu_shapes_train.sh brought back (cat <model>_best.pt.part-* > runs/<model>_shapes224/best.pt) and
+# carried with runs (with dash's wheel set aside, .whl + .gpucache + both checkpoints fit the 64 MiB carry).
+#   MODELS="lkat_t vit_t" EVAL_IMAGES=32 MPRT_IMAGES=8 bash benchmarks/gpu_shapes_eval.sh   (carry .whl, .gpucache, runs)
 set -u
 source benchmarks/gpu_setup.sh
-split -b 15M runs/lkat_t_shapes224/best.pt "$OUT/lkat_t_best.pt.part-"
 TAIL=16
 for model in ${MODELS:-lkat_t vit_t}; do
   step "evaluate_$model" "${EVAL_SECONDS:-200}" python3 -m lkat_lens_cli evaluate \
