@@ -13,7 +13,7 @@ import plotly.graph_objects as go
 import torch
 from tqdm.auto import tqdm
 
-from . import figures
+from . import distributed, figures
 from .analyses.edge_functions import EdgeCurves
 from .figures.export import FORMATS, STATIC_FORMATS, check_static_export, write_figures
 from .figures.training import telemetry_figures
@@ -124,10 +124,12 @@ def make_figures(
     seed: int = 0,
     variant: str | None = None,
     progress: bool | None = None,
-    device: str | None = None,
+    device: str | torch.device | None = None,
     batch_size: int = 64,
 ) -> list[Path]:
-    """Load a checkpoint, analyse a seeded sample of its data, and write every figure plus index.html."""
+    """Load a checkpoint, analyse a seeded sample of its data, and write every figure plus index.html. Under a
+    torch.distributed process group every rank calls this: the streamed statistics are shared out over the ranks,
+    every rank draws the same figures, and rank 0 alone writes them (the others get an empty list)."""
     if fmt not in FORMATS:
         raise ValueError(f"--format must be one of {FORMATS}, got {fmt!r}")
     if edges < 1:
@@ -153,7 +155,7 @@ def make_figures(
     )
     chosen = parse_blocks(blocks, study.num_blocks)
     check_kan_blocks(study, chosen)
-    with progress_bar(progress, total=len(chosen) + 7, unit="step") as bar:
+    with progress_bar(progress if study.is_main else False, total=len(chosen) + 7, unit="step") as bar:
         bar.set_description("loading the data sample")
         study.sample  # noqa: B018 (loaded here so the bar names the step)
         bar.update()
@@ -162,6 +164,8 @@ def make_figures(
         records = run.telemetry() if run else []
         figs |= {f"training_{name}": fig for name, fig in telemetry_figures(records).items()}
         bar.update()
+        if not study.is_main:
+            return []
         bar.set_description(f"writing {len(figs)} {fmt} files")
         out = Path(out)
         paths = write_figures(figs, out, fmt)
@@ -181,8 +185,22 @@ def _first(curves: EdgeCurves, k: int) -> EdgeCurves:
 
 
 def cmd_figures(args: argparse.Namespace) -> None:
-    """Write every figure of a checkpoint to args.out."""
-    paths = make_figures(
+    """Write every figure of a checkpoint to args.out; under torchrun the ranks share the streamed statistics out
+    (rank 0 writes the figures)."""
+    device = args.device
+    if distributed.launched_by_torchrun():
+        device = distributed.setup(args.device or "auto").device
+    try:
+        paths = _figures_of(args, device)
+    finally:
+        distributed.teardown()
+    if paths:
+        print(f"wrote {len(paths)} figures and index.html to {args.out}")
+
+
+def _figures_of(args: argparse.Namespace, device: str | torch.device | None) -> list[Path]:
+    """make_figures with the command line's settings."""
+    return make_figures(
         args.checkpoint,
         args.out,
         fmt=args.fmt,
@@ -195,8 +213,7 @@ def cmd_figures(args: argparse.Namespace) -> None:
         overlay_images=args.overlay_images,
         seed=args.seed,
         variant=args.variant,
-        device=args.device,
+        device=device,
         batch_size=args.batch_size,
         progress=args.progress,
     )
-    print(f"wrote {len(paths)} figures and index.html to {args.out}")

@@ -12,6 +12,7 @@ import torch
 import torch.multiprocessing as mp
 from distributed_worker import NUM_IMAGES, streamed, worker
 
+import lkat_lens_cli
 from lkat_lens.analyses import distributed_stats
 from lkat_lens.analyses.serialize import json_ready
 from lkat_lens.report import grid_span_report
@@ -108,3 +109,23 @@ def test_torchrun_analyze_writes_the_one_process_statistics(digits_checkpoint, t
         numbers_close(two[key], section, key)
     assert two["sample"]["images"] == 32 and two["sample"]["top1_percent"] == pytest.approx(study.sample_top1)
     assert {"attributions", "probes", "rollout"} <= set(two)  # rank 0 ran the rest
+
+
+def test_torchrun_figures_writes_the_one_process_figures_once(digits_checkpoint, tmp_path):
+    """figures under torchrun: both ranks draw, rank 0 alone writes, the same files as one process (whose numbers
+    the statistics' own tests above compare)."""
+    options = ["--device", "cpu", "--num-images", "16", "--batch-size", "4", "--format", "html", "--blocks", "0"]
+    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2"]
+    command += ["-m", "lkat_lens_cli", "figures", str(digits_checkpoint), *options, "--overlay-images", "1"]
+    env = os.environ | {"OMP_NUM_THREADS": "1", "PYTHONPATH": str(Path(__file__).parents[1])}
+    done = subprocess.run(
+        [*command, "--out", str(tmp_path / "two")], capture_output=True, text=True, env=env, timeout=300
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert done.stdout.count("wrote") == 1  # rank 0 alone writes
+    one = lkat_lens_cli.main(
+        ["figures", str(digits_checkpoint), *options, "--overlay-images", "1", "--out", str(tmp_path / "one")]
+    )
+    assert one == 0
+    names = {path.name for path in (tmp_path / "one").iterdir()}
+    assert {path.name for path in (tmp_path / "two").iterdir()} == names and "index.html" in names and len(names) > 10
