@@ -2,9 +2,12 @@
 # installs the carried .whl wheels (fla, einops) under /tmp/site and lkat-lens (editable), points Triton's cache
 # at .gpucache/ and, on exit, leaves the autotuning results in $OUT/autotune.tar. `step NAME SECONDS CMD...` runs
 # one step of a device call under timeout, cut to what is left of DEADLINE seconds (default 540) from the start.
-# Here first:  python3 -m pip download --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
-#   --platform manylinux_2_28_x86_64 --platform manylinux2014_x86_64 -d .whl \
-#   fla-core==0.6.0 flash-linear-attention==0.6.0 einops==0.8.2
+# Here first (the GPU image has torch, triton, timm, scikit-learn; not fla, captum, plotly, dash):
+#   python3 -m pip download --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
+#   --platform manylinux_2_28_x86_64 --platform manylinux2014_x86_64 --platform manylinux_2_17_x86_64 -d .whl \
+#   fla-core==0.6.0 flash-linear-attention==0.6.0 captum==0.9.0 plotly==7.1.0 narwhals dash==4.4.1 flask \
+#   werkzeug blinker itsdangerous click retrying importlib-metadata zipp lazy-importer nest-asyncio janus comm \
+#   pydantic pydantic-core annotated-types typing-inspection typing-extensions
 # and carry .whl and .gpucache. After a call, `tar -xf autotune.tar -C .gpucache` here, and the next call skips
 # the tuning (fla autotunes every new shape on first use, about a minute each).
 start=$SECONDS
