@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections import defaultdict
 from collections.abc import Callable
 
 import torch
@@ -30,13 +31,21 @@ def _sync(device: str) -> None:
         torch.cuda.synchronize()
 
 
-def profile_step(step: Callable[[], object], device: str) -> dict:
-    """Profile one call of step (already warmed up): launches, busy fraction, op shares of the device time.
+def _top(times: dict[str, float], counts: dict[str, int], total: float) -> list[dict]:
+    """The TOP largest entries of name -> microseconds, with calls and shares of total."""
+    ranked = sorted(times, key=times.get, reverse=True)[:TOP]
+    return [{"op": k, "calls": counts[k], "ms": times[k] / 1e3, "share": times[k] / total} for k in ranked]
 
-    device_kernels: device-side events (kernels, copies, memsets); launch_calls: host launch calls; gpu_busy: the
-    union of device events over the step's span (from its start on the host to the later of its end and the last
-    device event); copy_share: aten::copy_/_to_copy's share of the self device time (self CPU time on a CPU);
-    to_copy_calls: aten::_to_copy calls; top_ops: the largest self times with their shares.
+
+def profile_step(step: Callable[[], object], device: str) -> dict:
+    """Profile one call of step (already warmed up): launches, busy fraction, where the device time goes.
+
+    Device time is the sum of the device events themselves (kernels, copies, memsets; user annotations such as
+    inductor's "## Call CompiledFxGraph" ranges left out), so nothing is counted twice. device_kernels: device
+    events; launch_calls: host launch calls; gpu_busy: the union of device events over the step's span (from its
+    start on the host to the later of its end and the last device event); top_kernels: the device events by name;
+    top_ops: the host ops by the device time of the kernels they launched (self device time; on a CPU, self CPU
+    time); copy_share: aten::copy_/_to_copy's device time over all; to_copy_calls: aten::_to_copy calls.
     """
     cuda = device == "cuda"
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
@@ -47,23 +56,31 @@ def profile_step(step: Callable[[], object], device: str) -> dict:
         _sync(device)
     events = prof.events()
     span = next(e for e in events if e.name == STEP and e.device_type == DeviceType.CPU).time_range
-    kernels = [(e.time_range.start, e.time_range.end) for e in events if e.device_type == DeviceType.CUDA]
+    device_events = [
+        e for e in events if e.device_type == DeviceType.CUDA and not getattr(e, "is_user_annotation", False)
+    ]
+    kernels = [(e.time_range.start, e.time_range.end) for e in device_events]
     end = max([span.end, *(k[1] for k in kernels)])
+    kernel_us, kernel_calls = defaultdict(float), defaultdict(int)
+    for e in device_events:
+        kernel_us[e.name] += e.time_range.elapsed_us()
+        kernel_calls[e.name] += 1
     averages = prof.key_averages()
     self_time = (lambda a: a.self_device_time_total) if cuda else (lambda a: a.self_cpu_time_total)
-    timed = [a for a in averages if a.key != STEP and self_time(a) > 0]
-    total = sum(self_time(a) for a in timed) or 1.0
-    counts = {a.key: a.count for a in averages}
+    host_ops = [
+        a for a in averages if a.key != STEP and self_time(a) > 0 and not getattr(a, "is_user_annotation", False)
+    ]
+    op_us = {a.key: self_time(a) for a in host_ops if a.key not in kernel_us}
+    op_calls = {a.key: a.count for a in host_ops}
+    total = (sum(kernel_us.values()) if cuda else sum(op_us.values())) or 1.0
     return {
         "step_wall_ms": (end - span.start) / 1e3,
         "device_kernels": len(kernels) if cuda else None,
-        "launch_calls": sum(counts.get(name, 0) for name in LAUNCHES) if cuda else None,
+        "launch_calls": sum(a.count for a in averages if a.key in LAUNCHES) if cuda else None,
         "gpu_busy": _union_us(kernels) / (end - span.start) if cuda else None,
         "device_time_ms": total / 1e3,
-        "copy_share": sum(self_time(a) for a in timed if a.key in COPY_OPS) / total,
-        "to_copy_calls": counts.get("aten::_to_copy", 0),
-        "top_ops": [
-            {"op": a.key, "calls": a.count, "ms": self_time(a) / 1e3, "share": self_time(a) / total}
-            for a in sorted(timed, key=self_time, reverse=True)[:TOP]
-        ],
+        "copy_share": sum(op_us.get(k, 0.0) for k in COPY_OPS) / total,
+        "to_copy_calls": op_calls.get("aten::_to_copy", 0),
+        "top_kernels": _top(kernel_us, kernel_calls, total) if cuda else [],
+        "top_ops": _top(op_us, op_calls, total),
     }
