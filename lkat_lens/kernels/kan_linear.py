@@ -6,9 +6,12 @@ edge (FastKAN):   y = Phi(x) W^T, Phi(x)[..., p*G + g] = phi_g(x_p) (W [out, in*
 Paths: "torch" (shared/channel: the elementwise op on its torch path, then a matmul; edge: the basis
 materialised, then a matmul), "triton" (shared/channel: the elementwise Triton kernel, then cuBLAS),
 "fused" (the kernels of kan_triton: the basis is evaluated inside the matmul and only x is saved for
-backward). Backend "auto" measures the paths once per layer shape on CUDA and keeps the fastest correct
-one (kan_dispatch); elsewhere it is the torch path. Under CUDA autocast every path multiplies in the
-autocast dtype and returns it, as nn.Linear does.
+backward), "traced" (shared/channel: the exact formula and an explicit backward as plain torch ops, no custom
+op, for torch.compile: inductor fuses the basis, its weighted sum and the cast into one elementwise kernel before
+cuBLAS, and the backward recomputes the basis from x, the only activation saved).
+Backend "auto" measures "triton" and "fused" once per layer shape on CUDA and keeps the fastest correct
+one (kan_dispatch); elsewhere it is the torch path; while torch.compile traces it is "traced". Under CUDA
+autocast every path multiplies in the autocast dtype and returns it, as nn.Linear does.
 """
 
 from __future__ import annotations
@@ -20,7 +23,9 @@ import torch.nn.functional as F
 
 from .kan_dispatch import choose_path
 from .rbf import (
+    _T_MAX,
     TRITON_DTYPES,
+    _grid_weight,
     _scaled_offsets,
     _torch_backward,
     rbf_basis,
@@ -33,8 +38,9 @@ try:
 except ImportError:  # pragma: no cover - triton is a declared dependency, absent only on exotic platforms
     kan_triton = None
 
-PATHS = ("torch", "triton", "fused")
-BACKENDS = ("auto", *PATHS)
+PATHS = ("torch", "triton", "fused")  # the eager paths "auto" chooses from
+TRACED = "traced"
+BACKENDS = ("auto", *PATHS, TRACED)
 
 
 def kan_linear_reference(
@@ -248,6 +254,58 @@ def _edge_backward(ctx: Any, dy: torch.Tensor) -> tuple[torch.Tensor | None, ...
 _edge_fused_op.register_autograd(_edge_backward, setup_context=_edge_setup_context)
 
 
+def _gaussians(
+    x: torch.Tensor, grid_weight: torch.Tensor, grid_min: float, grid_max: float
+) -> list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]]:
+    """(w_g, phi_g(x), t_g) of each Gaussian g, in x's dtype (fp32 or fp64): w_g a 0-d (shared) or [in] (channel)
+    column of the grid weights, t_g = (x - c_g) / h clamped as the reference clamps it."""
+    w = _grid_weight(x, grid_weight).to(x.dtype)
+    num_grids = w.shape[-1]
+    h = (grid_max - grid_min) / (num_grids - 1)
+    terms = []
+    for g in range(num_grids):
+        t = ((x - (grid_min + g * h)) / h).clamp(-_T_MAX, _T_MAX)
+        terms.append((w[..., g], torch.exp(-t.square()), t))
+    return terms
+
+
+class _TracedKan(torch.autograd.Function):
+    """psi(x) W^T with an explicit backward of plain torch ops, taken one Gaussian at a time (no [..., in, G]
+    tensor), saving only x and the weights: the "traced" path, which torch.compile traces forward and backward.
+    The matmuls run in `dtype` (the autocast dtype under autocast), the basis and its gradients in fp32 (fp64 for
+    fp64 x); dy @ W and dy^T psi round as F.linear's backward does under autocast."""
+
+    @staticmethod
+    def forward(x, grid_weight, weight, grid_min, grid_max, dtype):
+        psi = sum(w * phi for w, phi, _ in _gaussians(_fp32_or_more(x), grid_weight, grid_min, grid_max))
+        return F.linear(psi.to(dtype), weight.to(dtype))
+
+    @staticmethod
+    def setup_context(ctx, inputs, output):
+        x, grid_weight, weight, grid_min, grid_max, dtype = inputs
+        ctx.save_for_backward(x, grid_weight, weight)
+        ctx.args = (grid_min, grid_max, dtype)
+
+    @staticmethod
+    def backward(ctx, dy):
+        x, grid_weight, weight = ctx.saved_tensors
+        grid_min, grid_max, dtype = ctx.args
+        xc = _fp32_or_more(x)
+        dpsi = (dy.to(dtype) @ weight.to(dtype)).to(xc.dtype)
+        psi, slope, dgw = 0.0, 0.0, []
+        for w, phi, t in _gaussians(xc, grid_weight, grid_min, grid_max):
+            psi, slope = psi + w * phi, slope + w * phi * t
+            contribution = dpsi * phi
+            dgw.append(contribution.sum() if w.dim() == 0 else _rows(contribution).sum(0))
+        h = (grid_max - grid_min) / (len(dgw) - 1)
+        dx = (dpsi * slope * (-2.0 / h)).to(x.dtype) if ctx.needs_input_grad[0] else None
+        dgw = torch.stack(dgw, -1).reshape(grid_weight.shape).to(grid_weight.dtype) if ctx.needs_input_grad[1] else None
+        dw = None
+        if ctx.needs_input_grad[2]:
+            dw = (_rows(dy.to(dtype)).T @ _rows(psi.to(dtype))).to(weight.dtype)
+        return dx, dgw, dw, None, None, None
+
+
 def _autocast_weight(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
     """The weight in the autocast dtype when autocast is on for x's device (the fused ops multiply in W's dtype)."""
     device = x.device.type
@@ -278,6 +336,8 @@ def _run_kan(
     """Shared/channel layer on one path."""
     if path == "fused":
         return _kan_fused_op(x, grid_weight, _autocast_weight(x, weight), grid_min, grid_max)
+    if path == TRACED:
+        return _TracedKan.apply(x, grid_weight, weight, grid_min, grid_max, _matmul_dtype(x, weight))
     psi = rbf_grid_linear(x, grid_weight, grid_min, grid_max, backend=path, out_dtype=_matmul_dtype(x, weight))
     return F.linear(psi, weight)
 
@@ -323,7 +383,9 @@ def kan_linear(
     path = backend
     if backend == "auto":
         path = "torch"
-        if x.is_cuda and _fused_capable(x, weight):
+        if torch.compiler.is_compiling():
+            path = TRACED
+        elif x.is_cuda and _fused_capable(x, weight):
 
             def run(p: str, *args: torch.Tensor) -> torch.Tensor:
                 return _run_kan(p, *args, grid_min, grid_max)
@@ -342,11 +404,12 @@ def edge_kan_linear(
     *,
     backend: str = "auto",
 ) -> torch.Tensor:
-    """y = Phi(x) W^T for W [out, in*G], differentiable in x and W ("triton" means the fused kernels here)."""
+    """y = Phi(x) W^T for W [out, in*G], differentiable in x and W ("triton" means the fused kernels here, "traced"
+    the torch path, which is plain torch ops already)."""
     grid_min, grid_max, num_grids = float(grid_min), float(grid_max), int(num_grids)
     if weight.shape[-1] != x.shape[-1] * num_grids:
         raise ValueError(f"weight must be [out, {x.shape[-1] * num_grids}], got {tuple(weight.shape)}")
-    path = "fused" if backend == "triton" else backend
+    path = {"triton": "fused", TRACED: "torch"}.get(backend, backend)  # edge's torch path is plain torch ops
     _check_backend(path, _fused_capable(x, weight))
     if path == "auto":
         path = "torch"

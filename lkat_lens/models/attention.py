@@ -20,15 +20,35 @@ from .rope import make_rope
 
 
 class ShortConvolution(nn.Conv1d):
-    """Depthwise causal Conv1d over tokens followed by SiLU (fla's ShortConvolution parameters)."""
+    """Depthwise causal Conv1d over tokens followed by SiLU (fla's ShortConvolution parameters).
+
+    Eager, it runs as Conv1d. While torch.compile traces it, it is the same sum written as `taps` shifted
+    multiply-adds in the [B, T, D] layout (`shifted_taps`), which inductor fuses with the SiLU and what follows
+    (the q/k RMSNorm, RoPE) instead of transposing for a depthwise convolution kernel and back.
+    """
 
     def __init__(self, dim: int, kernel_size: int = 4) -> None:
         super().__init__(dim, dim, kernel_size, groups=dim, padding=kernel_size - 1, bias=False)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """x: [B, T, D] -> [B, T, D]."""
+        if torch.compiler.is_compiling():
+            return self.shifted_taps(x)
         y = super().forward(x.transpose(1, 2))[..., : x.shape[1]]
         return F.silu(y.transpose(1, 2))
+
+    def shifted_taps(self, x: torch.Tensor) -> torch.Tensor:
+        """SiLU of the causal convolution y_t = sum_j w_j x_{t-K+1+j} as K shifted multiply-adds, accumulated in fp32
+        (fp64 for fp64 x), returned in the dtype Conv1d returns (the autocast dtype under autocast)."""
+        taps, length = self.kernel_size[0], x.shape[1]
+        device = x.device.type
+        autocast = torch.is_autocast_enabled(device) and x.dtype != torch.float64
+        out_dtype = torch.get_autocast_dtype(device) if autocast else x.dtype
+        compute = torch.float64 if x.dtype == torch.float64 else torch.float32
+        padded = F.pad(x, (0, 0, taps - 1, 0)).to(compute)
+        weight = self.weight[:, 0].to(compute)  # [D, K]
+        y = sum(padded[:, j : j + length] * weight[:, j] for j in range(taps))
+        return F.silu(y).to(out_dtype)
 
 
 def softmax_attention(

@@ -95,7 +95,7 @@ def step(model, x, y, dtype, compile_mode: str | None = None) -> tuple[torch.Ten
     return logits.detach().float(), grads
 
 
-@pytest.mark.parametrize(("attn", "kan"), [("chunk", "triton"), ("short", "fused")])
+@pytest.mark.parametrize(("attn", "kan"), [("chunk", "triton"), ("short", "fused"), ("chunk", "auto")])
 def test_compiled_lkat_bf16_matches_eager(lkat_setup, attn, kan):
     """fullgraph compile (any graph break fails) in bf16: compiled logits and gradients are as close to the fp32
     eager model as eager bf16 is (inductor fuses the elementwise work in fp32, so the two bf16 runs differ)."""
@@ -113,12 +113,13 @@ def test_compiled_lkat_bf16_matches_eager(lkat_setup, attn, kan):
     torch.compiler.reset()
 
 
-def test_compiled_lkat_fp32_equals_eager(lkat_setup):
+@pytest.mark.parametrize("kan", ["triton", "auto"])
+def test_compiled_lkat_fp32_equals_eager(lkat_setup, kan):
     """In fp32 with TF32 off (cuDNN's too: it is on by default, and eager and inductor may run the patch
     embedding's convolution through different algorithms) the compiled model equals the eager one to fp32
-    rounding."""
+    rounding; with kan="auto" the compiled model takes the traced KAN path and the shifted-tap convolutions."""
     model, x, y = lkat_setup
-    model = copy.deepcopy(model).set_backends(attn="fused_recurrent", kan="triton")
+    model = copy.deepcopy(model).set_backends(attn="fused_recurrent", kan=kan)
     with torch.backends.cudnn.flags(enabled=True, allow_tf32=False):
         eager = step(model, x, y, torch.float32)
         compiled = step(model, x, y, torch.float32, "default")
@@ -132,7 +133,7 @@ def test_cuda_graphs_lkat_bf16_matches_eager(lkat_setup):
     """mode="reduce-overhead" (CUDA graphs over the compiled graph, fla's and our kernels inside) in bf16: the third
     step's logits and gradients are as close to the fp32 eager model as eager bf16 is."""
     model, x, y = lkat_setup
-    model = copy.deepcopy(model).set_backends(attn="chunk", kan="triton")
+    model = copy.deepcopy(model).set_backends(attn="chunk", kan="auto")
     truth = step(model, x, y, torch.float32)
     eager = step(model, x, y, torch.bfloat16)
     run = torch.compile(model, mode="reduce-overhead", fullgraph=True)
