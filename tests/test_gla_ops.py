@@ -9,6 +9,7 @@ from fla.ops.gla.naive import naive_recurrent_gla
 from tolerance import assert_close
 
 from lkat_lens.kernels.gla import (
+    _auto_mode,
     gated_linear_attention,
     gla_chunked,
     gla_recurrent,
@@ -142,3 +143,23 @@ def test_dispatcher_on_cpu_runs_torch_path() -> None:
         assert o.shape == v.shape and rel_err(o, o_ref) < 1e-5
     with pytest.raises(ValueError, match="unknown GLA mode"):
         gated_linear_attention(q, k, v, gk, mode="parallel")
+
+
+@pytest.mark.parametrize(
+    ("T", "head_dim", "dtype", "grad", "expected"),
+    [
+        (201, 64, torch.bfloat16, True, "short"),  # training at the measured lengths
+        (1029, 64, torch.bfloat16, True, "short"),
+        (201, 64, torch.bfloat16, False, "chunk"),  # inference
+        (2048, 64, torch.bfloat16, True, "chunk"),  # past AUTO_SHORT_MAX_T
+        (201, 48, torch.bfloat16, True, "chunk"),  # a head dim the short kernel does not take
+        (21, 64, torch.bfloat16, True, "fused_recurrent"),  # T <= AUTO_RECURRENT_MAX_T
+        (201, 64, torch.float32, True, "fused_recurrent"),  # chunk faults on fp32
+    ],
+)
+def test_auto_mode_rule(T: int, head_dim: int, dtype: torch.dtype, grad: bool, expected: str) -> None:
+    """The CUDA kernel "auto" picks, from length, head dim, dtype and whether a gradient is needed (the rule only
+    reads shapes and flags, so CPU tensors stand in for CUDA ones)."""
+    q, k, v = (torch.zeros(1, T, 2, head_dim, dtype=dtype) for _ in range(3))
+    gk = torch.zeros(1, T, 2, head_dim, requires_grad=grad)
+    assert _auto_mode(q, k, v, gk) == expected

@@ -9,9 +9,13 @@ Dispatcher modes (`gated_linear_attention`):
 - "fused_recurrent": fla's `fused_recurrent_gla` on CUDA (one fused sequential kernel; best for short ones).
 - "short": `kernels.gla_short` on CUDA (one program per (batch, head) keeps the state on chip; made for
   T <= AUTO_SHORT_MAX_T, head dims 16..128). A torch custom op: torch.compile does not break the graph there.
-- "auto": "short" when AUTO_SHORT is on, T <= AUTO_SHORT_MAX_T and the head dims fit; otherwise
-  "fused_recurrent" for fp32 inputs or T <= AUTO_RECURRENT_MAX_T, else "chunk". AUTO_SHORT stays off until the
-  kernel has been checked on a GPU (tests/gpu/test_gla_short_gpu.py, benchmarks/bench_gla.py). fla 0.6.0's
+- "auto": "fused_recurrent" for fp32 inputs or T <= AUTO_RECURRENT_MAX_T; otherwise, when a gradient is needed
+  (training), "short" up to AUTO_SHORT_MAX_T tokens (head dims permitting), else "chunk". The threshold is the
+  H100 length sweep (`bench_gla.py --lengths`, bf16, tokens per batch held at 128 x 201, 6 heads of 64;
+  2026-11-24): short's forward + backward took 0.51, 0.40, 0.58 and 0.64x chunk's time at T = 64, 201, 401 and
+  1029, 1.02x at 2048 and 1.68x at 4096 (few programs: one per (batch, head)); the GPU tests check it against the
+  fp64 recurrence at every T (tests/gpu/test_gla_short_gpu.py). Inference stays on chunk: in a CUDA-graphed
+  LKAT-T forward (3 heads) short was slower (13,983 against 16,567 img/s, bench_model.py --compare). fla 0.6.0's
   `chunk_gla` faults with "CUDA error: misaligned address" on fp32 inputs (seen on an H100, torch 2.11,
   Triton 3.6; the fault poisons the CUDA context); `fused_recurrent_gla` is accurate there. At T = 21,
   B = 32, H = 6, K = V = 64 in bf16 on an H100, forward + backward took 1.0 ms fused_recurrent, 2.5 ms chunk.
@@ -31,8 +35,7 @@ from . import gla_fla, gla_short
 
 MODES = ("auto", "chunk", "fused_recurrent", "short", "torch")
 AUTO_RECURRENT_MAX_T = 64
-AUTO_SHORT = False
-AUTO_SHORT_MAX_T = 1024
+AUTO_SHORT_MAX_T = 1536  # between the sweep's last win (1029) and its tie (2048)
 TORCH_CHUNK_SIZE = 32
 SUB_CHUNK = 4
 
@@ -174,18 +177,19 @@ def gated_linear_attention(
     if mode == "torch" or not q.is_cuda:
         return gla_chunked(q, k, v, gk, scale=scale, chunk_size=TORCH_CHUNK_SIZE)[0]
     if mode == "auto":
-        mode = _auto_mode(q, v)
+        mode = _auto_mode(q, k, v, gk)
     if mode == "short":
         return gla_short.gla_short(q, k, v, gk, scale)
     return gla_fla.fla_gla(q, k, v, gk, scale, mode)
 
 
-def _auto_mode(q: torch.Tensor, v: torch.Tensor) -> str:
+def _auto_mode(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, gk: torch.Tensor) -> str:
     """The CUDA kernel that "auto" runs for these operands."""
     T = q.shape[1]
-    if AUTO_SHORT and T <= AUTO_SHORT_MAX_T and gla_short.supports(q, v):
-        return "short"
-    return "fused_recurrent" if T <= AUTO_RECURRENT_MAX_T or q.dtype == torch.float32 else "chunk"
+    if T <= AUTO_RECURRENT_MAX_T or q.dtype == torch.float32:
+        return "fused_recurrent"
+    training = torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v, gk))
+    return "short" if training and T <= AUTO_SHORT_MAX_T and gla_short.supports(q, v) else "chunk"
 
 
 def _prefix_sums(gk: torch.Tensor) -> torch.Tensor:
