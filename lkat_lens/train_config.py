@@ -16,7 +16,8 @@ DEFAULT_MODEL = {"digits": "lkat_micro"}  # other datasets: FALLBACK_MODEL
 FALLBACK_MODEL = "lkat_tiny_patch16_224"
 # On --resume every setting comes from the checkpoint except those of this invocation (always from the command
 # line) and those of this machine (from the command line when given there).
-INVOCATION_FLAGS = ("device", "compile", "threads", "max_steps")
+INVOCATION_FLAGS = ("device", "compile", "compile_mode", "threads", "max_steps")
+COMPILE_MODES = ("default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")  # torch.compile's
 MACHINE_FLAGS = ("workers", "data_dir", "download", "cache_images")
 
 
@@ -63,6 +64,7 @@ class TrainConfig:
     device: str = "auto"
     amp: str = "auto"
     compile: bool = False
+    compile_mode: str = "default"
     threads: int | None = None
     resume: str | None = None
     name: str | None = None
@@ -141,6 +143,8 @@ def resolve_config(
     for key, low in minimum.items():
         if cfg[key] is not None and cfg[key] < low:
             raise UsageError(f"--{key.replace('_', '-')} is out of range: {cfg[key]}")
+    if cfg.get("compile_mode", "default") != "default" and not cfg["compile"]:
+        raise UsageError(f"--compile-mode {cfg['compile_mode']} needs --compile")
     if cfg["keep"] is not None and cfg["snapshot_every"] is None:
         raise UsageError("--keep K needs --snapshot-every N (it keeps the newest K epoch snapshots)")
     for key in ("drop", "attn_drop"):

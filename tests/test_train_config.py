@@ -51,6 +51,7 @@ def test_resume_keeps_saved_settings_but_takes_this_invocations_and_given_machin
         (["--drop", "1.5"], "--drop must lie in [0, 1)"),
         (["--attn-drop", "-0.1"], "--attn-drop must lie in [0, 1)"),
         (["--warmup-epochs", "-1"], "--warmup-epochs is out of range: -1"),
+        (["--compile-mode", "reduce-overhead"], "--compile-mode reduce-overhead needs --compile"),
     ],
 )
 def test_out_of_range_values_are_user_errors(argv, message):

@@ -29,7 +29,7 @@ def make_run(*argv: str | Path) -> lktrain.Run:
 
 def test_lkat_tiny_224_trains_in_bf16(tmp_path):
     run = make_run(
-        "--model lkat_tiny_patch16_224 --img-size 224 --batch-size 16 --max-steps 3 --device cuda",
+        "--model lkat_tiny_patch16_224 --img-size 224 --batch-size 16 --max-steps 3 --device cuda --no-telemetry",
         "--name t --out-dir",
         tmp_path,
     )
@@ -45,10 +45,15 @@ def test_lkat_tiny_224_trains_in_bf16(tmp_path):
     assert (tmp_path / "t" / "last.pt").is_file()
 
 
-def test_compile_trains(tmp_path):
-    run = make_run("--batch-size 64 --max-steps 4 --compile --device cuda --name c --out-dir", tmp_path)
+@pytest.mark.parametrize("mode", ["default", "reduce-overhead"])
+def test_compile_trains(tmp_path, mode):
+    """--compile in torch.compile's default mode and with CUDA graphs (each step marked as a new graph replay)."""
+    run = make_run(
+        f"--batch-size 64 --max-steps 4 --compile --compile-mode {mode} --device cuda --name c --out-dir", tmp_path
+    )
     lktrain.train(run)
     assert run.step == 4 and math.isfinite(run.metrics[-1]["train_loss"])
+    assert math.isfinite(run.metrics[-1]["val_loss"])
 
 
 def train_runs(tmp_path: Path, steps: int, **how: list[str]) -> dict[str, dict]:
