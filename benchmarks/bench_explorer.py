@@ -9,7 +9,9 @@ not on what the weights learned). A block change is what the page sends when the
 Dash's `/_dash-update-component` (Flask's test client, no browser) for every callback that reads the block, with
 the tab open, answered and JSON-serialised by Dash as in the browser; callbacks of hidden tabs answer 204 as there.
 For each tab (edges, gates, tokens) and each block of `--blocks`: the first computation, then `--repeats` rounds of
-switching between those computed blocks. Prints and writes wall seconds and the peak GPU memory.
+switching between those computed blocks. Prints and writes wall seconds (start-up too: on a GPU the explorer runs
+one forward at start-up, `Study.warm_up`, so that a process's one-time kernel costs are not the first block's) and
+the peak GPU memory.
 """
 
 from __future__ import annotations
@@ -148,6 +150,7 @@ def main(argv: list[str] | None = None) -> None:
         "date": date.today().isoformat(),
         "seconds": {
             "create_app_with_sample": startup,
+            "of_which_warm_up": ckpt.warm_up_seconds,
             "first_computation_by_tab": {tab: {str(b): s for b, s in by.items()} for tab, by in first.items()},
             "first_computation_of_a_block_all_tabs": max(per_block_first),
             "switch_by_tab": {tab: {"median": statistics.median(s), "max": max(s)} for tab, s in switches.items()},

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 import threading
+import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, fields, is_dataclass, replace
 from functools import cached_property
@@ -263,6 +264,18 @@ class Study:
     def probe_train(self) -> Sample:
         """The seeded training-split sample the linear probes are fitted on."""
         return load_sample(self.info.data, "train", self.defaults.probe_images, **self.data_source)
+
+    def warm_up(self) -> float:
+        """One fp32 forward of the sample's first batch, so that the one-time costs of a process's first forward on
+        a GPU (fla's import, Triton loading or compiling and autotuning its kernels, kan="auto" measuring its paths
+        at the batch's shape) are paid now rather than by the first analysis; returns the seconds it took. Nothing
+        is cached."""
+        start = time.perf_counter()
+        with torch.no_grad(), full_fp32():
+            self.model(on_model(self.model, next(self._batches(self.sample.images))))
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+        return time.perf_counter() - start
 
     def _batches(self, images: torch.Tensor) -> Iterator[torch.Tensor]:
         """The images in batches of the study's batch size."""

@@ -55,6 +55,19 @@ def test_each_result_is_computed_once(study):
     assert study.block_gates(3).blocks == [3] and study.block_gates(3).log_alpha.shape[0] == 1
 
 
+def test_warm_up_runs_the_first_batch_and_caches_nothing(study):
+    """warm_up is one forward of the sample's first batch (the batch size's images) and leaves no result behind."""
+    seen = []
+    handle = study.model.register_forward_hook(lambda module, args, out: seen.append(args[0].shape[0]))
+    computed, cached = list(study.computed), dict(study._cache)
+    try:
+        seconds = study.warm_up()
+    finally:
+        handle.remove()
+    assert seen == [min(study.defaults.batch_size, len(study.sample.images))] and seconds > 0
+    assert study.computed == computed and study._cache == cached
+
+
 def test_a_checkpoint_without_data_is_refused(study):
     info = CheckpointInfo("ref.pth", "lkat_micro", {}, format="reference")
     with pytest.raises(ValueError, match="records no dataset"):
