@@ -14,7 +14,8 @@ synthetic data already on the GPU; inference is a bf16-autocast forward without 
 ratios to the ViT of its size (same compile setting) and to the paper configuration of its size.
 The sweep keeps tokens x batch near --sweep-tokens and reports per-image numbers and the crossover
 resolution where LKAT-S starts to train (and infer) faster than ViT-S.
---compare (issue 19) measures, per size, ViT and LKAT (GLA mode --attn[0]) under each --compile-modes setting
+--compare (issue 19) measures, per size, ViT and LKAT (each GLA mode of --attn x KAN backend of --kan) under each
+--compile-modes setting
 ("eager", or a torch.compile mode with fullgraph=True: any graph break fails the row): train and inference
 images/s, peak memory per image, and one profiled training step and inference (profile_step.py: kernel launches,
 GPU-busy fraction, the share of dtype copies, the top ops), with LKAT's ratios to ViT. --tiny compares lkat_micro
@@ -295,12 +296,13 @@ def reset_peak(device: str) -> None:
         torch.cuda.reset_peak_memory_stats()
 
 
-def compare_measure(name: str, kwargs: dict, attn: str, mode: str, args: argparse.Namespace) -> dict:
-    """Train/inference speed, peak memory and one profiled step of each, for one model and compile mode."""
+def compare_measure(name: str, kwargs: dict, backends: dict, mode: str, args: argparse.Namespace) -> dict:
+    """Train/inference speed, peak memory and one profiled step of each, for one model (LKAT: with its GLA and KAN
+    backends) and compile mode."""
     device, batch, img = args.device, args.batch, args.img_size
     torch.manual_seed(0)
     if name.startswith("lkat"):
-        model = lkat_lens.create_model(name, num_classes=1000, img_size=img, **kwargs).set_backends(attn=attn)
+        model = lkat_lens.create_model(name, num_classes=1000, img_size=img, **kwargs).set_backends(**backends)
     else:
         model = timm.create_model(name, pretrained=False, num_classes=1000, img_size=img, **kwargs)
     model = model.to(device)
@@ -367,18 +369,31 @@ def compare_ratios(rows: list[dict]) -> None:
                     r["train_memory_x_vit"] = r["train_peak_GiB"] / ref["train_peak_GiB"]
 
 
+def compared_variants(size: str, args: argparse.Namespace) -> list[tuple[str, str, dict, dict]]:
+    """(label, registry name, create kwargs, backends): the ViT, then LKAT with every --attn x --kan pair."""
+    rows = []
+    for label, name, kwargs in compared_models(size, args.tiny):
+        if not name.startswith("lkat"):
+            rows.append((label, name, kwargs, {}))
+            continue
+        for attn in args.attn:
+            for kan in args.kan:
+                rows.append((f"{label} {attn}/{kan}", name, kwargs, {"attn": attn, "kan": kan}))
+    return rows
+
+
 def compare(args: argparse.Namespace, out: Path) -> list[dict]:
     """The --compare rows; the JSON at `out` is rewritten after every row."""
     rows: list[dict] = []
     for size in args.sizes[:1] if args.tiny else args.sizes:
         for mode in args.compile_modes:  # modes outside: a run cut short keeps both models of the first modes
-            for label, name, kwargs in compared_models(size, args.tiny):
-                attn = args.attn[0] if name.startswith("lkat") else None
-                row = {"label": label, "model": name, "pair": size, "attn": attn, "compile": mode}
+            for label, name, kwargs, backends in compared_variants(size, args):
+                row = {"label": label, "model": name, "pair": size, "compile": mode}
+                row |= {"attn": backends.get("attn"), "kan": backends.get("kan")}
                 row |= {"batch": args.batch, "img_size": args.img_size, "device": args.device}
                 start = time.perf_counter()
                 try:
-                    row |= compare_measure(name, kwargs, attn, mode, args)
+                    row |= compare_measure(name, kwargs, backends, mode, args)
                 except Exception as error:  # record it and go on with the other rows
                     row["error"] = f"{type(error).__name__}: {str(error).splitlines()[0][:300]}"
                 finally:
@@ -441,6 +456,9 @@ def main() -> None:
     parser.add_argument("--sweep-sizes", nargs="+", type=int, default=[224, 512, 1024, 1536, 2048])
     parser.add_argument("--sweep-tokens", type=int, default=128 * 196, help="patch tokens per batch in the sweep")
     parser.add_argument("--compare", action="store_true", help="LKAT vs ViT, eager and compiled, profiled (issue 19)")
+    parser.add_argument(
+        "--kan", nargs="+", default=["auto"], help="--compare: LKAT's KAN backends (auto: 'traced' when compiled)"
+    )
     parser.add_argument("--compile-modes", nargs="+", default=["eager", "default"], choices=COMPILE_MODES)
     parser.add_argument("--tiny", action="store_true", help="--compare lkat_micro with a ViT of its size")
     parser.add_argument("--device", default="cuda", choices=["cuda", "cpu"], help="--compare only")

@@ -1,13 +1,19 @@
 #!/usr/bin/env bash
 # Issue 19 in one device call (under 10 minutes; each step's limit is cut to what is left of DEADLINE seconds):
-# the custom-op and compile tests, bench_model.py --compare (LKAT-T vs ViT-T, eager / compiled / CUDA graphs,
-# profiled: launches, GPU busy, copies, memory), then the whole-model and fused-KAN regression tests.
-#   bash benchmarks/gpu_compile.sh        (carry .whl and .gpucache; see gpu_setup.sh). Logs and JSON under $OUT.
+# bench_model.py --compare (LKAT-T with each GLA mode of ATTN vs ViT-T in each compile mode of MODES, profiled:
+# launches, GPU busy, kernel time, memory), the GLA length sweep of chunk against short (AUTO_SHORT_MAX_T), then
+# the GPU tests named in TESTS, concurrently.
+#   MODES="default reduce-overhead" ATTN="chunk short" TESTS="test_compile_gpu" bash benchmarks/gpu_compile.sh
+# (carry .whl and .gpucache; see gpu_setup.sh). Logs and JSON under $OUT.
 set -u
 source benchmarks/gpu_setup.sh
 
-step test_compile_gpu 230 python3 -m pytest -q -m gpu -p no:cacheprovider -s tests/gpu/test_compile_gpu.py
-step bench_model_compare 250 python3 benchmarks/bench_model.py --compare --sizes tiny \
-  --compile-modes eager default reduce-overhead --warmup 3 --iters 10 --out "$OUT/bench_model_compare.json"
-step test_lkat_gpu 90 python3 -m pytest -q -m gpu -p no:cacheprovider -s tests/gpu/test_lkat_gpu.py
-step test_kan_gemm_gpu 120 python3 -m pytest -q -m gpu -p no:cacheprovider tests/gpu/test_kan_gemm_gpu.py
+# shellcheck disable=SC2086  # MODES, ATTN and TESTS are word lists
+step bench_model_compare "${COMPARE_SECONDS:-420}" python3 benchmarks/bench_model.py --compare --sizes tiny \
+  --attn ${ATTN:-chunk short} --kan auto --compile-modes ${MODES:-reduce-overhead} --warmup 3 --iters 10 \
+  --out "$OUT/bench_model_compare.json"
+step bench_gla_lengths 90 python3 benchmarks/bench_gla.py --lengths 64 201 401 1029 2048 4096 \
+  --out "$OUT/bench_gla_lengths.json"
+# shellcheck disable=SC2086
+[ -n "${TESTS:-}" ] && parallel_tests 200 $TESTS
+true

@@ -8,15 +8,24 @@
 #   fla-core==0.6.0 flash-linear-attention==0.6.0 captum==0.9.0 plotly==7.1.0 narwhals dash==4.4.1 flask \
 #   werkzeug blinker itsdangerous click retrying importlib-metadata zipp lazy-importer nest-asyncio janus comm \
 #   pydantic pydantic-core annotated-types typing-inspection typing-extensions
-# and carry .whl and .gpucache. After a call, `tar -xf autotune.tar -C .gpucache` here, and the next call skips
-# the tuning (fla autotunes every new shape on first use, about a minute each).
+# and carry .whl and .gpucache. After a call, `tar -xf autotune.tar -C .gpucache` here (and, when it came back,
+# `cp inductor.tgz .gpucache/`), and the next call skips the tuning (fla autotunes every new shape on first
+# use, about a minute each) and inductor's compiles it has cached.
 start=$SECONDS
 OUT=${OUT:-/tmp/out}
 mkdir -p "$OUT"
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl || exit 1
 export PYTHONPATH=/tmp/site PYTHONUNBUFFERED=1
 export TRITON_CACHE_DIR=$PWD/.gpucache/triton TRITON_CACHE_AUTOTUNING=1
-save_autotune() { (cd "$TRITON_CACHE_DIR/.." 2>/dev/null && find triton -name '*.autotune.json' | tar -cf "$OUT/autotune.tar" -T -); }
+# inductor's compiled graphs too (a compiled LKAT takes minutes to build cold), carried as .gpucache/inductor.tgz and
+# back in $OUT/inductor.tgz when small
+export TORCHINDUCTOR_CACHE_DIR=$PWD/.gpucache/inductor
+[ -f .gpucache/inductor.tgz ] && tar -xzf .gpucache/inductor.tgz -C .gpucache
+save_autotune() {
+  (cd "$TRITON_CACHE_DIR/.." 2>/dev/null && find triton -name '*.autotune.json' | tar -cf "$OUT/autotune.tar" -T -)
+  (cd .gpucache 2>/dev/null && [ -d inductor ] && tar -czf "$OUT/inductor.tgz" inductor &&
+    [ "$(stat -c %s "$OUT/inductor.tgz")" -gt 25000000 ] && rm "$OUT/inductor.tgz")
+}
 trap save_autotune EXIT
 python3 -m pip install -q --no-deps --no-build-isolation --no-index -e . > "$OUT/install.log" 2>&1 || exit 1
 python3 -c "import torch, triton, timm; print(torch.cuda.get_device_name(), torch.__version__, triton.__version__, timm.__version__)"
