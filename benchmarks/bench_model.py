@@ -4,7 +4,7 @@
     python benchmarks/bench_model.py --sizes small --attn short chunk --compile on   # compiled rows
     python benchmarks/bench_model.py --sweep                         # LKAT-S vs ViT-S, 224² to 2048²
     python benchmarks/bench_model.py --compare --sizes tiny          # LKAT-T vs ViT-T, eager and compiled, profiled
-    python benchmarks/bench_model.py --compare --tiny --device cpu --batch 4 --img-size 16   # the same on a CPU
+    python benchmarks/bench_model.py --compare --tiny --device cpu --batch 4 --img-size 16 --attn chunk   # on a CPU
 
 Main table, per size (tiny/small/base): timm's vit_<size>_patch16_224 (SDPA attention), LKAT with each GLA
 mode of --attn, and the configuration the paper's code runs (fla's fused_recurrent GLA and the unfused
