@@ -5,7 +5,8 @@
 Both layer shapes of a block's MLP (fc1: dim -> hidden, fc2: hidden -> dim), bf16, one forward+backward
 into x and every weight. Shared basis (G = --shared-grid): the fused kernels, the elementwise Triton
 kernel + cuBLAS, the torch path and what backend "auto" picks, against nn.Linear + GELU of the same
-shape. Edge basis (G = --edge-grid): the fused kernels and FastKAN's torch computation (basis
+shape; and, each under torch.compile, the "traced" path against nn.Linear + GELU. Edge basis
+(G = --edge-grid): the fused kernels and FastKAN's torch computation (basis
 materialised, then the matmul), against one cuBLAS GEMM with K = in*G on a ready [tokens, in*G] input.
 Each row: median time, peak extra memory, and the largest tensor saved for backward other than the
 weights, next to x's size. Writes JSON (--out) and prints markdown tables.
@@ -23,7 +24,7 @@ from common import dated_result_path, environment, write_result  # benchmarks/ i
 from triton.testing import do_bench
 
 from lkat_lens.kernels import kan_dispatch
-from lkat_lens.kernels.kan_linear import edge_kan_linear, kan_linear
+from lkat_lens.kernels.kan_linear import TRACED, edge_kan_linear, kan_linear
 
 GRID = (-2.0, 2.0)
 MiB = 2**20
@@ -86,6 +87,10 @@ def bench_shared(tokens: int, K: int, N: int, G: int) -> list[dict]:
     ]
     rows[-1]["chose"] = [v for k, v in kan_dispatch.cached_choices().items() if k[:4] == ("kan", tokens, K, N)]
     rows.append(measure("linear+gelu", lambda: F.gelu(F.linear(x, lin_w, lin_b)), [x, lin_w, lin_b], [lin_w, lin_b]))
+    compiled_kan = torch.compile(lambda: kan_linear(x, gw, W, *GRID, backend=TRACED), fullgraph=True)
+    compiled_mlp = torch.compile(lambda: F.gelu(F.linear(x, lin_w, lin_b)), fullgraph=True)
+    rows.append(measure("traced, compiled", compiled_kan, [x, gw, W], [gw, W]))
+    rows.append(measure("linear+gelu, compiled", compiled_mlp, [x, lin_w, lin_b], [lin_w, lin_b]))
     return [{"basis": "shared", "G": G, "K": K, "N": N, "x_MiB": x.nbytes / MiB, **r} for r in rows]
 
 
@@ -108,6 +113,9 @@ def ratios(rows: list[dict]) -> dict[str, float]:
     return {
         "shared fused / linear+gelu": t["shared", "fused"] / t["shared", "linear+gelu"],
         "shared auto / linear+gelu": t["shared", "auto"] / t["shared", "linear+gelu"],
+        "shared traced / linear+gelu, both compiled": (
+            t["shared", "traced, compiled"] / t["shared", "linear+gelu, compiled"]
+        ),
         "torch / shared fused": t["shared", "torch"] / t["shared", "fused"],
         "edge fused / gemm K*G": t["edge", "fused"] / t["edge", "gemm K*G"],
         "fastkan-torch / edge fused": t["edge", "fastkan-torch"] / t["edge", "fused"],
