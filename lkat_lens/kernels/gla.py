@@ -32,17 +32,13 @@ import torch
 import torch.nn.functional as F
 
 from . import gla_fla, gla_short
+from .dtypes import compute_dtype
 
 MODES = ("auto", "chunk", "fused_recurrent", "short", "torch")
 AUTO_RECURRENT_MAX_T = 64
 AUTO_SHORT_MAX_T = 1536  # between the sweep's last win (1029) and its tie (2048)
 TORCH_CHUNK_SIZE = 32
 SUB_CHUNK = 4
-
-
-def _compute_dtype(x: torch.Tensor) -> torch.dtype:
-    """Accumulation dtype: fp64 for fp64 inputs, else fp32."""
-    return torch.float64 if x.dtype == torch.float64 else torch.float32
 
 
 def _heads_first(dtype: torch.dtype, *xs: torch.Tensor) -> list[torch.Tensor]:
@@ -66,7 +62,7 @@ def gla_recurrent(
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Exact GLA by the plain sequential recurrence (the reference): (o [B,T,H,V], final state [B,H,K,V] or None)."""
     scale = _default_scale(q, scale)
-    dtype = _compute_dtype(q)
+    dtype = compute_dtype(q)
     qh, kh, vh, gh = _heads_first(dtype, q, k, v, gk)
     B, H, T, K = qh.shape
     state = qh.new_zeros(B, H, K, vh.shape[-1]) if initial_state is None else initial_state.to(dtype)
@@ -139,7 +135,7 @@ def gla_chunked(
     if chunk_size < 1:
         raise ValueError(f"chunk_size must be positive, got {chunk_size}")
     scale = _default_scale(q, scale)
-    dtype = _compute_dtype(q)
+    dtype = compute_dtype(q)
     qh, kh, vh, gh = _heads_first(dtype, q, k, v, gk)
     T = qh.shape[2]
     sub = _sub_chunk_size(chunk_size)
@@ -222,7 +218,7 @@ def implicit_attention(
     if block_size < 1:
         raise ValueError(f"block_size must be positive, got {block_size}")
     scale = _default_scale(q, scale)
-    dtype = _compute_dtype(q)
+    dtype = compute_dtype(q)
     qh, kh = _heads_first(dtype, q, k)
     qh = qh * scale
     G = _prefix_sums(gk)
@@ -248,7 +244,7 @@ def implicit_attention_row(
 ) -> torch.Tensor:
     """Row t of the implicit attention matrix, [B, H, T] (negative t counts from the end)."""
     scale = _default_scale(q, scale)
-    qh, kh = _heads_first(_compute_dtype(q), q, k)
+    qh, kh = _heads_first(compute_dtype(q), q, k)
     T = qh.shape[2]
     if not -T <= t < T:
         raise IndexError(f"query row {t} out of range for T = {T}")

@@ -21,6 +21,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
+from .dtypes import autocast_dtype, compute_dtype
 from .kan_dispatch import choose_path
 from .rbf import (
     _T_MAX,
@@ -74,8 +75,8 @@ def _interpreted() -> bool:
 
 
 def _fp32_or_more(t: torch.Tensor) -> torch.Tensor:
-    """t in fp32, or as it is when fp64 (the CPU references' compute dtype)."""
-    return t if t.dtype == torch.float64 else t.float()
+    """t in its compute dtype: fp32, or as it is when fp64 (the CPU references' compute dtype)."""
+    return t.to(compute_dtype(t))
 
 
 def _empty(t: torch.Tensor) -> torch.Tensor:
@@ -314,15 +315,6 @@ def _autocast_weight(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
     return weight
 
 
-def _matmul_dtype(x: torch.Tensor, weight: torch.Tensor) -> torch.dtype:
-    """The dtype F.linear(psi, weight) multiplies in: the autocast dtype when autocast is on for x's device (psi is
-    then written in it directly, no cast between the RBF op and the matmul), else x's dtype."""
-    device = x.device.type
-    if torch.is_autocast_enabled(device) and x.dtype != torch.float64:
-        return torch.get_autocast_dtype(device)
-    return x.dtype
-
-
 def _fused_capable(*tensors: torch.Tensor) -> bool:
     """Whether the fused kernels can take these operands (fp32/bf16/fp16 on CUDA, or under the interpreter)."""
     return kan_triton is not None and all(
@@ -337,8 +329,9 @@ def _run_kan(
     if path == "fused":
         return _kan_fused_op(x, grid_weight, _autocast_weight(x, weight), grid_min, grid_max)
     if path == TRACED:
-        return _TracedKan.apply(x, grid_weight, weight, grid_min, grid_max, _matmul_dtype(x, weight))
-    psi = rbf_grid_linear(x, grid_weight, grid_min, grid_max, backend=path, out_dtype=_matmul_dtype(x, weight))
+        return _TracedKan.apply(x, grid_weight, weight, grid_min, grid_max, autocast_dtype(x))
+    # psi written in the dtype F.linear multiplies in: no cast between the RBF op and the matmul
+    psi = rbf_grid_linear(x, grid_weight, grid_min, grid_max, backend=path, out_dtype=autocast_dtype(x))
     return F.linear(psi, weight)
 
 

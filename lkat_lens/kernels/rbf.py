@@ -11,6 +11,8 @@ from typing import Any
 
 import torch
 
+from .dtypes import compute_dtype
+
 try:
     from . import rbf_triton
 except ImportError:  # pragma: no cover - triton is a declared dependency, absent only on exotic platforms
@@ -26,11 +28,6 @@ def check_grid(grid_min: float, grid_max: float, num_grids: int) -> None:
     """Reject grids without two ordered points (the one grid check of kernels and models)."""
     if num_grids < 2 or not grid_max > grid_min:
         raise ValueError(f"need num_grids >= 2 and grid_max > grid_min, got {num_grids}, [{grid_min}, {grid_max}]")
-
-
-def _compute_dtype(*tensors: torch.Tensor) -> torch.dtype:
-    """float64 if any operand is float64, else float32."""
-    return torch.float64 if any(t.dtype == torch.float64 for t in tensors) else torch.float32
 
 
 def _scaled_offsets(x: torch.Tensor, grid_min: float, grid_max: float, num_grids: int) -> torch.Tensor:
@@ -60,7 +57,7 @@ def _grid_weight(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
 def rbf_grid_linear_reference(x: torch.Tensor, weight: torch.Tensor, grid_min: float, grid_max: float) -> torch.Tensor:
     """Exact unfused y = sum_g w_g phi_g(x) (fp32, or fp64 for fp64 operands), returned in x's dtype."""
     w = _grid_weight(x, weight)
-    dtype = _compute_dtype(x, weight)
+    dtype = compute_dtype(x, weight)
     phi = rbf_basis(x.to(dtype), grid_min, grid_max, w.shape[-1])
     return (phi * w.to(dtype)).sum(-1).to(x.dtype)
 
@@ -70,7 +67,7 @@ def _torch_backward(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """(dx, dw) of the operator by explicit formulas, in the dtypes of x and weight."""
     w = _grid_weight(x, weight)
-    dtype = _compute_dtype(x, weight)
+    dtype = compute_dtype(x, weight)
     num_grids = w.shape[-1]
     t = _scaled_offsets(x.to(dtype), grid_min, grid_max, num_grids)
     phi = torch.exp(-t.square())

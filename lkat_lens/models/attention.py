@@ -13,6 +13,7 @@ import torch.nn.functional as F
 from timm.layers import RmsNorm
 from torch import nn
 
+from lkat_lens.kernels.dtypes import autocast_dtype, compute_dtype
 from lkat_lens.kernels.gla import gated_linear_attention, implicit_attention
 
 from .hooks import HookPoint
@@ -40,15 +41,11 @@ class ShortConvolution(nn.Conv1d):
     def shifted_taps(self, x: torch.Tensor) -> torch.Tensor:
         """SiLU of the causal convolution y_t = sum_j w_j x_{t-K+1+j} as K shifted multiply-adds, accumulated in fp32
         (fp64 for fp64 x), returned in the dtype Conv1d returns (the autocast dtype under autocast)."""
-        taps, length = self.kernel_size[0], x.shape[1]
-        device = x.device.type
-        autocast = torch.is_autocast_enabled(device) and x.dtype != torch.float64
-        out_dtype = torch.get_autocast_dtype(device) if autocast else x.dtype
-        compute = torch.float64 if x.dtype == torch.float64 else torch.float32
+        taps, length, compute = self.kernel_size[0], x.shape[1], compute_dtype(x)
         padded = F.pad(x, (0, 0, taps - 1, 0)).to(compute)
         weight = self.weight[:, 0].to(compute)  # [D, K]
         y = sum(padded[:, j : j + length] * weight[:, j] for j in range(taps))
-        return F.silu(y).to(out_dtype)
+        return F.silu(y).to(autocast_dtype(x))
 
 
 def softmax_attention(
