@@ -4,13 +4,16 @@
 
 Rows: fla's chunk_gla and fused_recurrent_gla, lkat-lens's short-sequence kernel ("short"), and
 torch's scaled_dot_product_attention on the same heads ([B, H, T, D], not causal, as in a ViT).
-Each GLA row also gets its largest error against the fp64 recurrence (on a smaller batch).
+Each GLA row also gets its largest error against the fp64 recurrence (on a smaller batch). Every time is taken
+twice: called from Python (the host's dispatch included, which at these sizes is most of it) and replayed as a CUDA
+graph (the GPU's time, as in a model trained under CUDA graphs); the ratios to SDPA are the graph times'.
 Writes JSON and prints a markdown table.
 """
 
 from __future__ import annotations
 
 import argparse
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
@@ -42,8 +45,24 @@ def sdpa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, gk: torch.Tensor) ->
     return o.transpose(1, 2)
 
 
+def graphed(step) -> Callable[[], None]:
+    """step captured in a CUDA graph, after warm-up runs on a side stream (which also autotune): its replay."""
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        for _ in range(3):
+            step()
+    torch.cuda.current_stream().wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        step()
+    return graph.replay
+
+
 def timings(fn, inputs: list[torch.Tensor], warmup: int, iters: int) -> dict[str, float]:
-    """Median ms of the forward alone and of forward + backward (gradients of q, k, v, gk)."""
+    """Median ms of the forward alone and of forward + backward (gradients of q, k, v, gk): called from Python
+    ("fwd_ms", "fwd_bwd_ms": the host's dispatch included) and replayed as a CUDA graph ("*_graph_ms": the GPU's
+    time alone, as in a model trained under CUDA graphs)."""
     q, k, v, gk, do = (x.detach().requires_grad_(i < 4) for i, x in enumerate(inputs))
 
     def forward():
@@ -55,7 +74,10 @@ def timings(fn, inputs: list[torch.Tensor], warmup: int, iters: int) -> dict[str
         for x in (q, k, v, gk):
             x.grad = None
 
-    return {"fwd_ms": time_ms(forward, warmup, iters), "fwd_bwd_ms": time_ms(forward_backward, warmup, iters)}
+    out = {"fwd_ms": time_ms(forward, warmup, iters), "fwd_bwd_ms": time_ms(forward_backward, warmup, iters)}
+    out["fwd_graph_ms"] = time_ms(graphed(forward), warmup, iters)
+    out["fwd_bwd_graph_ms"] = time_ms(graphed(forward_backward), warmup, iters)
+    return out
 
 
 def max_errors(fn, inputs: list[torch.Tensor]) -> dict[str, float]:
@@ -96,48 +118,59 @@ def main() -> None:
     base = rows[-1]
     env = environment()
     for row in rows:
-        row.update(fwd_x_sdpa=row["fwd_ms"] / base["fwd_ms"], fwd_bwd_x_sdpa=row["fwd_bwd_ms"] / base["fwd_bwd_ms"])
+        for key in ("fwd", "fwd_bwd", "fwd_graph", "fwd_bwd_graph"):
+            row[f"{key}_x_sdpa"] = row[f"{key}_ms"] / base[f"{key}_ms"]
         row.update(env)
     lengths = length_sweep(args) if args.lengths else []
     write_result(args.out or dated_result_path("bench_gla", env), {"sublayer": rows, "lengths": lengths})
     print(f"GLA sublayer, B T H D = {shape}, bf16 (gates fp32); errors on batch {args.error_batch}")
     print(
-        "| op | fwd ms | fwd+bwd ms | fwd × SDPA | fwd+bwd × SDPA | max rel err (o, dq, dk, dv, dgk) | GPU | torch "
-        "| triton |"
+        "| op | fwd ms | fwd+bwd ms | fwd ms, graph | fwd+bwd ms, graph | fwd × SDPA, graph | fwd+bwd × SDPA, graph "
+        "| fwd+bwd × SDPA, from Python | max rel err (o, dq, dk, dv, dgk) | GPU | torch | triton |"
     )
-    print("|---|---|---|---|---|---|---|---|---|")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|")
     for r in rows:
         err = ", ".join(f"{e:.1e}" for e in r.get("max_rel_err_vs_fp64", {}).values()) or "—"
         print(
-            f"| {r['op']} | {r['fwd_ms']:.3f} | {r['fwd_bwd_ms']:.3f} | {r['fwd_x_sdpa']:.1f}× | "
-            f"{r['fwd_bwd_x_sdpa']:.1f}× | {err} | {r['gpu']} | {r['torch']} | {r['triton']} |"
+            f"| {r['op']} | {r['fwd_ms']:.3f} | {r['fwd_bwd_ms']:.3f} | {r['fwd_graph_ms']:.3f} | "
+            f"{r['fwd_bwd_graph_ms']:.3f} | {r['fwd_graph_x_sdpa']:.2f}× | {r['fwd_bwd_graph_x_sdpa']:.2f}× | "
+            f"{r['fwd_bwd_x_sdpa']:.2f}× | {err} | {r['gpu']} | {r['torch']} | {r['triton']} |"
         )
     if lengths:
         print_lengths(lengths)
 
 
 def length_sweep(args: argparse.Namespace) -> list[dict]:
-    """fwd+bwd ms of chunk and short at each T of --lengths, batch ~ batch * tokens / T (same tokens per batch)."""
+    """Forward and fwd+bwd ms (CUDA graph replays) of chunk and short at each T of --lengths, batch ~ batch *
+    tokens / T (the same tokens per batch)."""
     rows = []
     for T in args.lengths:
         batch = max(1, round(args.batch * args.tokens / T))
         inputs = make_inputs(batch, T, args.heads, args.head_dim, torch.bfloat16)
         row = {"T": T, "batch": batch}
         for mode in ("chunk", "short"):
-            row[f"{mode}_fwd_bwd_ms"] = timings(gla(mode), inputs, args.warmup, args.iters)["fwd_bwd_ms"]
+            times = timings(gla(mode), inputs, args.warmup, args.iters)
+            row |= {f"{mode}_fwd_ms": times["fwd_graph_ms"], f"{mode}_fwd_bwd_ms": times["fwd_bwd_graph_ms"]}
         rows.append(row)
     return rows
 
 
 def print_lengths(rows: list[dict]) -> None:
-    """The length sweep as markdown, and the longest T at which "short" beat "chunk"."""
-    print("\n| T | batch | chunk fwd+bwd ms | short fwd+bwd ms | short × chunk |")
-    print("|---|---|---|---|---|")
+    """The length sweep as markdown, and the longest T at which "short" beat "chunk" (training and forward only)."""
+    print(
+        "\n| T | batch | chunk fwd ms | short fwd ms | fwd: short × chunk | chunk fwd+bwd ms | short fwd+bwd ms "
+        "| fwd+bwd: short × chunk |"
+    )
+    print("|---|---|---|---|---|---|---|---|")
     for r in rows:
-        ratio = r["short_fwd_bwd_ms"] / r["chunk_fwd_bwd_ms"]
-        print(f"| {r['T']} | {r['batch']} | {r['chunk_fwd_bwd_ms']:.3f} | {r['short_fwd_bwd_ms']:.3f} | {ratio:.2f}× |")
-    faster = [r["T"] for r in rows if r["short_fwd_bwd_ms"] < r["chunk_fwd_bwd_ms"]]
-    print(f"longest T where short beat chunk: {max(faster) if faster else 'none'} (kernels.gla.AUTO_SHORT_MAX_T)")
+        print(
+            f"| {r['T']} | {r['batch']} | {r['chunk_fwd_ms']:.3f} | {r['short_fwd_ms']:.3f} | "
+            f"{r['short_fwd_ms'] / r['chunk_fwd_ms']:.2f}× | {r['chunk_fwd_bwd_ms']:.3f} | "
+            f"{r['short_fwd_bwd_ms']:.3f} | {r['short_fwd_bwd_ms'] / r['chunk_fwd_bwd_ms']:.2f}× |"
+        )
+    for what in ("fwd_bwd", "fwd"):
+        faster = [r["T"] for r in rows if r[f"short_{what}_ms"] < r[f"chunk_{what}_ms"]]
+        print(f"longest T where short's {what} beat chunk's: {max(faster) if faster else 'none'}")
 
 
 if __name__ == "__main__":

@@ -11,12 +11,13 @@ Dispatcher modes (`gated_linear_attention`):
   T <= AUTO_SHORT_MAX_T, head dims 16..128). A torch custom op: torch.compile does not break the graph there.
 - "auto": "fused_recurrent" for fp32 inputs or T <= AUTO_RECURRENT_MAX_T; otherwise, when a gradient is needed
   (training), "short" up to AUTO_SHORT_MAX_T tokens (head dims permitting), else "chunk". The threshold is the
-  H100 length sweep (`bench_gla.py --lengths`, bf16, tokens per batch held at 128 x 201, 6 heads of 64;
-  2026-11-24): short's forward + backward took 0.51, 0.40, 0.58 and 0.64x chunk's time at T = 64, 201, 401 and
-  1029, 1.02x at 2048 and 1.68x at 4096 (few programs: one per (batch, head)); the GPU tests check it against the
-  fp64 recurrence at every T (tests/gpu/test_gla_short_gpu.py). Inference stays on chunk: in a CUDA-graphed
-  LKAT-T forward (3 heads) short was slower (13,983 against 16,567 img/s, bench_model.py --compare). fla 0.6.0's
-  `chunk_gla` faults with "CUDA error: misaligned address" on fp32 inputs (seen on an H100, torch 2.11,
+  H100 length sweep (`bench_gla.py --lengths`, bf16, tokens per batch held at 128 x 201, 6 heads of 64, each
+  forward + backward replayed as a CUDA graph, so that the GPU's time is compared and not Python's dispatch;
+  2026-11-24): short took 0.74, 0.74, 0.99, 1.23 and 1.84x chunk's time at T = 64, 201, 401, 1029 and 2048 (few
+  programs: one per (batch, head)); the GPU tests check it against the fp64 recurrence at every T
+  (tests/gpu/test_gla_short_gpu.py). Inference stays on chunk: short's forward alone was 1.06-2.55x chunk's in
+  the same sweep, and in a CUDA-graphed LKAT-T forward (3 heads) short was slower (13,983 against 16,567 img/s,
+  bench_model.py --compare). fla 0.6.0's `chunk_gla` faults with "CUDA error: misaligned address" on fp32 inputs (seen on an H100, torch 2.11,
   Triton 3.6; the fault poisons the CUDA context); `fused_recurrent_gla` is accurate there. At T = 21,
   B = 32, H = 6, K = V = 64 in bf16 on an H100, forward + backward took 1.0 ms fused_recurrent, 2.5 ms chunk.
 - "torch": `gla_chunked` with TORCH_CHUNK_SIZE, the exact torch form (the fastest chunk size measured on CPU).
@@ -36,7 +37,7 @@ from .dtypes import compute_dtype
 
 MODES = ("auto", "chunk", "fused_recurrent", "short", "torch")
 AUTO_RECURRENT_MAX_T = 64
-AUTO_SHORT_MAX_T = 1536  # between the sweep's last win (1029) and its tie (2048)
+AUTO_SHORT_MAX_T = 512  # between the sweep's last tie (401 tokens, 0.99x) and its first loss (1029, 1.23x)
 TORCH_CHUNK_SIZE = 32
 SUB_CHUNK = 4
 
