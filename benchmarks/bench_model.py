@@ -18,7 +18,8 @@ resolution where LKAT-S starts to train (and infer) faster than ViT-S.
 --compile-modes setting
 ("eager", or a torch.compile mode with fullgraph=True: any graph break fails the row): train and inference
 images/s, peak memory per image, and one profiled training step and inference (profile_step.py: kernel launches,
-GPU-busy fraction, the share of dtype copies, the top ops), with LKAT's ratios to ViT. --tiny compares lkat_micro
+GPU-busy fraction, the share of dtype copies, the top ops), with LKAT's ratios to ViT; --memory-budgets adds compiled
+LKAT rows at each activation memory budget (the trainer's --activation-memory-budget). --tiny compares lkat_micro
 with a ViT of its size (16², patch 4, 64-d, 4 blocks), so that the mode runs on a CPU in seconds.
 A configuration that runs out of memory (or fails) is recorded with its error and skipped.
 Writes JSON (benchmarks/results/ unless --out) and prints markdown.
@@ -296,9 +297,17 @@ def reset_peak(device: str) -> None:
         torch.cuda.reset_peak_memory_stats()
 
 
-def compare_measure(name: str, kwargs: dict, backends: dict, mode: str, args: argparse.Namespace) -> dict:
+def compare_measure(
+    name: str, kwargs: dict, backends: dict, mode: str, budget: float, args: argparse.Namespace
+) -> dict:
     """Train/inference speed, peak memory and one profiled step of each, for one model (LKAT: with its GLA and KAN
-    backends) and compile mode."""
+    backends) and compile mode; a compiled model's saved activations are partitioned under the activation memory
+    `budget` (torch._functorch.config.activation_memory_budget: 1.0 inductor's default, lower recomputes more)."""
+    with torch._functorch.config.patch(activation_memory_budget=budget):
+        return _compare_measure(name, kwargs, backends, mode, args)
+
+
+def _compare_measure(name: str, kwargs: dict, backends: dict, mode: str, args: argparse.Namespace) -> dict:
     device, batch, img = args.device, args.batch, args.img_size
     torch.manual_seed(0)
     if name.startswith("lkat"):
@@ -369,16 +378,19 @@ def compare_ratios(rows: list[dict]) -> None:
                     r["train_memory_x_vit"] = r["train_peak_GiB"] / ref["train_peak_GiB"]
 
 
-def compared_variants(size: str, args: argparse.Namespace) -> list[tuple[str, str, dict, dict]]:
-    """(label, registry name, create kwargs, backends): the ViT, then LKAT with every --attn x --kan pair."""
+def compared_variants(size: str, args: argparse.Namespace) -> list[tuple[str, str, dict, dict, float]]:
+    """(label, registry name, create kwargs, backends, activation memory budget): the ViT (inductor's default
+    budget), then LKAT with every --attn x --kan x --memory-budgets triple."""
     rows = []
     for label, name, kwargs in compared_models(size, args.tiny):
         if not name.startswith("lkat"):
-            rows.append((label, name, kwargs, {}))
+            rows.append((label, name, kwargs, {}, 1.0))
             continue
         for attn in args.attn:
             for kan in args.kan:
-                rows.append((f"{label} {attn}/{kan}", name, kwargs, {"attn": attn, "kan": kan}))
+                for budget in args.memory_budgets:
+                    suffix = "" if budget == 1.0 else f" budget {budget:g}"
+                    rows.append((f"{label} {attn}/{kan}{suffix}", name, kwargs, {"attn": attn, "kan": kan}, budget))
     return rows
 
 
@@ -387,13 +399,13 @@ def compare(args: argparse.Namespace, out: Path) -> list[dict]:
     rows: list[dict] = []
     for size in args.sizes[:1] if args.tiny else args.sizes:
         for mode in args.compile_modes:  # modes outside: a run cut short keeps both models of the first modes
-            for label, name, kwargs, backends in compared_variants(size, args):
+            for label, name, kwargs, backends, budget in compared_variants(size, args):
                 row = {"label": label, "model": name, "pair": size, "compile": mode}
-                row |= {"attn": backends.get("attn"), "kan": backends.get("kan")}
+                row |= {"attn": backends.get("attn"), "kan": backends.get("kan"), "activation_memory_budget": budget}
                 row |= {"batch": args.batch, "img_size": args.img_size, "device": args.device}
                 start = time.perf_counter()
                 try:
-                    row |= compare_measure(name, kwargs, backends, mode, args)
+                    row |= compare_measure(name, kwargs, backends, mode, budget, args)
                 except Exception as error:  # record it and go on with the other rows
                     row["error"] = f"{type(error).__name__}: {str(error).splitlines()[0][:300]}"
                 finally:
@@ -461,6 +473,14 @@ def main() -> None:
     )
     parser.add_argument("--compile-modes", nargs="+", default=["eager", "default"], choices=COMPILE_MODES)
     parser.add_argument("--tiny", action="store_true", help="--compare lkat_micro with a ViT of its size")
+    parser.add_argument(
+        "--memory-budgets",
+        nargs="+",
+        type=float,
+        default=[1.0],
+        help="--compare: compiled LKAT rows at each activation memory budget (1.0: inductor's default; lower "
+        "recomputes cheap activations in the backward instead of saving them)",
+    )
     parser.add_argument("--device", default="cuda", choices=["cuda", "cpu"], help="--compare only")
     parser.add_argument("--out", type=Path, default=None)
     args = parser.parse_args()

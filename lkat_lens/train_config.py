@@ -16,7 +16,7 @@ DEFAULT_MODEL = {"digits": "lkat_micro"}  # other datasets: FALLBACK_MODEL
 FALLBACK_MODEL = "lkat_tiny_patch16_224"
 # On --resume every setting comes from the checkpoint except those of this invocation (always from the command
 # line) and those of this machine (from the command line when given there).
-INVOCATION_FLAGS = ("device", "compile", "compile_mode", "threads", "max_steps")
+INVOCATION_FLAGS = ("device", "compile", "compile_mode", "activation_memory_budget", "threads", "max_steps")
 COMPILE_MODES = ("default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")  # torch.compile's
 MACHINE_FLAGS = ("workers", "data_dir", "download", "cache_images")
 
@@ -65,6 +65,7 @@ class TrainConfig:
     amp: str = "auto"
     compile: bool = False
     compile_mode: str = "default"
+    activation_memory_budget: float | None = None
     threads: int | None = None
     resume: str | None = None
     name: str | None = None
@@ -104,6 +105,7 @@ def resolve_config(
         merged = dict(saved)
         merged.update({k: given[k] for k in INVOCATION_FLAGS})
         merged.update({k: given[k] for k in MACHINE_FLAGS if given[k] != getattr(defaults, k)})
+        check_compile_flags(merged)
         return TrainConfig.from_dict(merged)
     cfg = {**TrainConfig().to_dict(), **given}
     dataset = cfg["data"]
@@ -143,11 +145,21 @@ def resolve_config(
     for key, low in minimum.items():
         if cfg[key] is not None and cfg[key] < low:
             raise UsageError(f"--{key.replace('_', '-')} is out of range: {cfg[key]}")
-    if cfg.get("compile_mode", "default") != "default" and not cfg["compile"]:
-        raise UsageError(f"--compile-mode {cfg['compile_mode']} needs --compile")
+    check_compile_flags(cfg)
     if cfg["keep"] is not None and cfg["snapshot_every"] is None:
         raise UsageError("--keep K needs --snapshot-every N (it keeps the newest K epoch snapshots)")
     for key in ("drop", "attn_drop"):
         if not 0.0 <= cfg[key] < 1.0:
             raise UsageError(f"--{key.replace('_', '-')} must lie in [0, 1): {cfg[key]}")
     return TrainConfig.from_dict(cfg)
+
+
+def check_compile_flags(cfg: dict[str, Any]) -> None:
+    """Reject --compile-mode and --activation-memory-budget without --compile, and a budget outside (0, 1]."""
+    if cfg.get("compile_mode", "default") != "default" and not cfg["compile"]:
+        raise UsageError(f"--compile-mode {cfg['compile_mode']} needs --compile")
+    budget = cfg.get("activation_memory_budget")
+    if budget is not None and not cfg["compile"]:
+        raise UsageError(f"--activation-memory-budget {budget} needs --compile")
+    if budget is not None and not 0.0 < budget <= 1.0:
+        raise UsageError(f"--activation-memory-budget must lie in (0, 1]: {budget}")

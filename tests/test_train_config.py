@@ -42,6 +42,10 @@ def test_resume_keeps_saved_settings_but_takes_this_invocations_and_given_machin
     del saved["clip_grad"]  # an older checkpoint without a newer field gets its default
     cfg = resolve_config(parse("--epochs", "9", "--threads", "2", "--data-dir", "/y"), saved=saved)
     assert (cfg.epochs, cfg.threads, cfg.workers, cfg.data_dir, cfg.clip_grad) == (7, 2, 3, "/y", None)
+    resumed = resolve_config(parse("--compile", "--activation-memory-budget", "0.5"), saved=saved)
+    assert (resumed.compile, resumed.activation_memory_budget) == (True, 0.5)
+    with pytest.raises(UsageError, match="needs --compile"):  # this invocation's flags are checked on resume too
+        resolve_config(parse("--activation-memory-budget", "0.5"), saved=saved)
 
 
 @pytest.mark.parametrize(
@@ -52,6 +56,9 @@ def test_resume_keeps_saved_settings_but_takes_this_invocations_and_given_machin
         (["--attn-drop", "-0.1"], "--attn-drop must lie in [0, 1)"),
         (["--warmup-epochs", "-1"], "--warmup-epochs is out of range: -1"),
         (["--compile-mode", "reduce-overhead"], "--compile-mode reduce-overhead needs --compile"),
+        (["--activation-memory-budget", "0.5"], "--activation-memory-budget 0.5 needs --compile"),
+        (["--compile", "--activation-memory-budget", "0"], "--activation-memory-budget must lie in (0, 1]: 0.0"),
+        (["--compile", "--activation-memory-budget", "1.5"], "--activation-memory-budget must lie in (0, 1]: 1.5"),
     ],
 )
 def test_out_of_range_values_are_user_errors(argv, message):

@@ -45,15 +45,20 @@ def test_lkat_tiny_224_trains_in_bf16(tmp_path):
     assert (tmp_path / "t" / "last.pt").is_file()
 
 
-@pytest.mark.parametrize("mode", ["default", "reduce-overhead"])
-def test_compile_trains(tmp_path, mode):
-    """--compile in torch.compile's default mode and with CUDA graphs (each step marked as a new graph replay)."""
+@pytest.mark.parametrize(("mode", "budget"), [("default", None), ("reduce-overhead", None), ("reduce-overhead", 0.5)])
+def test_compile_trains(tmp_path, monkeypatch, mode, budget):
+    """--compile in torch.compile's default mode and with CUDA graphs (each step marked as a new graph replay), and
+    with an activation memory budget (process-wide; monkeypatch puts inductor's default back afterwards)."""
+    monkeypatch.setattr(torch._functorch.config, "activation_memory_budget", 1.0)
+    extra = "" if budget is None else f"--activation-memory-budget {budget} "
     run = make_run(
-        f"--batch-size 64 --max-steps 4 --compile --compile-mode {mode} --device cuda --name c --out-dir", tmp_path
+        f"--batch-size 64 --max-steps 4 --compile --compile-mode {mode} {extra}--device cuda --name c --out-dir",
+        tmp_path,
     )
     lktrain.train(run)
     assert run.step == 4 and math.isfinite(run.metrics[-1]["train_loss"])
     assert math.isfinite(run.metrics[-1]["val_loss"])
+    assert torch._functorch.config.activation_memory_budget == (budget or 1.0)
 
 
 def train_runs(tmp_path: Path, steps: int, **how: list[str]) -> dict[str, dict]:
