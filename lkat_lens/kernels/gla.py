@@ -17,9 +17,10 @@ Dispatcher modes (`gated_linear_attention`):
   programs: one per (batch, head)); the GPU tests check it against the fp64 recurrence at every T
   (tests/gpu/test_gla_short_gpu.py). Inference stays on chunk: short's forward alone was 1.06-2.55x chunk's in
   the same sweep, and in a CUDA-graphed LKAT-T forward (3 heads) short was slower (13,983 against 16,567 img/s,
-  bench_model.py --compare). fla 0.6.0's `chunk_gla` faults with "CUDA error: misaligned address" on fp32 inputs (seen on an H100, torch 2.11,
-  Triton 3.6; the fault poisons the CUDA context); `fused_recurrent_gla` is accurate there. At T = 21,
-  B = 32, H = 6, K = V = 64 in bf16 on an H100, forward + backward took 1.0 ms fused_recurrent, 2.5 ms chunk.
+  bench_model.py --compare). fla 0.6.0's `chunk_gla` faults with "CUDA error: misaligned address" on fp32
+  inputs (seen on an H100, torch 2.11, Triton 3.6; the fault poisons the CUDA context); `fused_recurrent_gla`
+  is accurate there. At T = 21, B = 32, H = 6, K = V = 64 in bf16 on an H100, forward + backward took 1.0 ms
+  fused_recurrent, 2.5 ms chunk.
 - "torch": `gla_chunked` with TORCH_CHUNK_SIZE, the exact torch form (the fastest chunk size measured on CPU).
   Inputs on the CPU always take this path, whatever the mode, since fla's Triton kernels cannot run there
   (fla is imported only when a CUDA path is taken).
