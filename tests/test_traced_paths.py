@@ -46,6 +46,23 @@ def test_traced_kan_path_equals_the_reference_and_the_torch_path(grid_shape):
         assert_close(got, explicit, rtol=1e-10, atol=1e-10)
 
 
+def test_traced_kan_path_far_outside_the_grid():
+    """fp32 x on the grid and far outside it (where each span's offset is clamped): values and gradients finite and
+    within fp32 rounding of the fp64 reference (the clamped Gaussians are below e^-100)."""
+    x = torch.tensor([-1e4, -60.0, -12.0, -2.0, -0.7, 0.3, 2.0, 12.0, 60.0, 1e4])[:, None].requires_grad_()
+    grid_weight = torch.tensor([[0.5, -1.0, 2.0, 0.25]], requires_grad=True)
+    weight = torch.tensor([[1.0], [-3.0]], requires_grad=True)
+    inputs = (x, grid_weight, weight)
+    traced = kan_linear(*inputs, *GRID, backend=TRACED)
+    reference = kan_linear_reference(*(t.double() for t in inputs), *GRID)
+    dy = torch.ones_like(traced)
+    for got, want in zip(
+        (traced, *grads(traced, inputs, dy)), (reference, *grads(reference, inputs, dy.double())), strict=True
+    ):
+        assert torch.isfinite(got).all()
+        assert_close(got.double(), want.detach().double(), rtol=1e-5, atol=1e-6)
+
+
 def test_traced_kan_path_under_autocast_multiplies_in_bf16():
     """Under bf16 autocast the traced path returns bf16 and agrees with the torch path (same rounding points: psi
     rounded once to bf16, then the matmul)."""

@@ -16,6 +16,7 @@ autocast every path multiplies in the autocast dtype and returns it, as nn.Linea
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import torch
@@ -24,7 +25,6 @@ import torch.nn.functional as F
 from .dtypes import autocast_dtype, compute_dtype
 from .kan_dispatch import choose_path
 from .rbf import (
-    _T_MAX,
     TRITON_DTYPES,
     _grid_weight,
     _scaled_offsets,
@@ -255,18 +255,33 @@ def _edge_backward(ctx: Any, dy: torch.Tensor) -> tuple[torch.Tensor | None, ...
 _edge_fused_op.register_autograd(_edge_backward, setup_context=_edge_setup_context)
 
 
+# The traced path's basis goes by spans of up to four Gaussians, two exponentials per span, as the Triton RBF kernel
+# does (rbf_triton): with v = (x - c_a) / h for the span's first center a, phi_{a+j} = exp(-v^2) exp(2v)^j e^{-j^2}.
+# Four exponentials per element made inductor's fused kernels compute-bound (about 100 instructions per element, the
+# libdevice exp and NaN-propagating clamps; generated code of the H100 runs). v is clamped to _SPAN_V: there every
+# phi of the span is below e^-100 and exp(2v)^3 stays finite in fp32.
+_SPAN = 4
+_SPAN_V = (-10.0, 13.0)
+
+
 def _gaussians(
     x: torch.Tensor, grid_weight: torch.Tensor, grid_min: float, grid_max: float
 ) -> list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]]:
     """(w_g, phi_g(x), t_g) of each Gaussian g, in x's dtype (fp32 or fp64): w_g a 0-d (shared) or [in] (channel)
-    column of the grid weights, t_g = (x - c_g) / h clamped as the reference clamps it."""
+    column of the grid weights, phi_g from its span's two exponentials, t_g = (x - c_g) / h (from the span's clamped
+    v, so that t_g * phi_g stays finite; where it is clamped every phi of the span is below e^-100)."""
     w = _grid_weight(x, grid_weight).to(x.dtype)
     num_grids = w.shape[-1]
-    h = (grid_max - grid_min) / (num_grids - 1)
+    inv_h = (num_grids - 1) / (grid_max - grid_min)
+    u = (x - grid_min) * inv_h
     terms = []
-    for g in range(num_grids):
-        t = ((x - (grid_min + g * h)) / h).clamp(-_T_MAX, _T_MAX)
-        terms.append((w[..., g], torch.exp(-t.square()), t))
+    for first in range(0, num_grids, _SPAN):
+        v = (u - first).clamp(*_SPAN_V)
+        phi, ratio = torch.exp(-v.square()), torch.exp(2.0 * v)
+        for j in range(min(_SPAN, num_grids - first)):
+            if j:
+                phi = phi * ratio * math.exp(1 - 2 * j)  # phi_{a+j} / phi_{a+j-1} = exp(2v) e^{-(2j - 1)}
+            terms.append((w[..., first + j], phi, v - j))
     return terms
 
 
