@@ -258,10 +258,11 @@ _edge_fused_op.register_autograd(_edge_backward, setup_context=_edge_setup_conte
 # The traced path's basis goes by spans of up to four Gaussians, two exponentials per span, as the Triton RBF kernel
 # does (rbf_triton): with v = (x - c_a) / h for the span's first center a, phi_{a+j} = exp(-v^2) exp(2v)^j e^{-j^2}.
 # Four exponentials per element made inductor's fused kernels compute-bound (about 100 instructions per element, the
-# libdevice exp and NaN-propagating clamps; generated code of the H100 runs). v is clamped to _SPAN_V: there every
-# phi of the span is below e^-100 and exp(2v)^3 stays finite in fp32.
-_SPAN = 4
-_SPAN_V = (-10.0, 13.0)
+# libdevice exp and NaN-propagating clamps; generated code of the H100 runs). v is clamped to _SPAN_V, as
+# rbf_triton clamps it (its _SPAN and _CLAMP): there every phi of the span is below e^-100 and exp(2v)^3 stays
+# finite in fp32.
+_SPAN, _SPAN_CLAMP = 4, 10.0
+_SPAN_V = (-_SPAN_CLAMP, _SPAN_CLAMP + _SPAN - 1)
 
 
 def _gaussians(
