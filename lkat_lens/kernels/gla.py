@@ -13,14 +13,14 @@ Dispatcher modes (`gated_linear_attention`):
   (training), "short" up to AUTO_SHORT_MAX_T tokens (head dims permitting), else "chunk". The threshold is the
   H100 length sweep (`bench_gla.py --lengths`, bf16, tokens per batch held at 128 x 201, 6 heads of 64, each
   forward + backward replayed as a CUDA graph, so that the GPU's time is compared and not Python's dispatch;
-  2026-11-24): short took 0.74, 0.74, 0.99, 1.23 and 1.84x chunk's time at T = 64, 201, 401, 1029 and 2048 (few
+  2026-11-24): short took 0.68, 0.72, 0.88, 1.23 and 1.83x chunk's time at T = 64, 201, 401, 1029 and 2048 (few
   programs: one per (batch, head)); the GPU tests check it against the fp64 recurrence at every T
-  (tests/gpu/test_gla_short_gpu.py). Inference stays on chunk: short's forward alone was 1.06-2.55x chunk's in
-  the same sweep, and in a CUDA-graphed LKAT-T forward (3 heads) short was slower (13,983 against 16,567 img/s,
-  bench_model.py --compare). fla 0.6.0's `chunk_gla` faults with "CUDA error: misaligned address" on fp32
-  inputs (seen on an H100, torch 2.11, Triton 3.6; the fault poisons the CUDA context); `fused_recurrent_gla`
-  is accurate there. At T = 21, B = 32, H = 6, K = V = 64 in bf16 on an H100, forward + backward took 1.0 ms
-  fused_recurrent, 2.5 ms chunk.
+  (tests/gpu/test_gla_short_gpu.py). Inference stays on chunk: short's forward alone took 0.86-0.95x chunk's
+  up to 401 tokens in the same sweep, but in a CUDA-graphed LKAT-T forward (3 heads) short was slower (16,300
+  against 17,590 img/s, bench_model.py --compare --attn auto short). fla 0.6.0's `chunk_gla` faults with
+  "CUDA error: misaligned address" on fp32 inputs (seen on an H100, torch 2.11, Triton 3.6; the fault poisons
+  the CUDA context); `fused_recurrent_gla` is accurate there. At T = 21, B = 32, H = 6, K = V = 64 in bf16 on
+  an H100, forward + backward took 1.0 ms fused_recurrent, 2.5 ms chunk.
 - "torch": `gla_chunked` with TORCH_CHUNK_SIZE, the exact torch form (the fastest chunk size measured on CPU).
   Inputs on the CPU always take this path, whatever the mode, since fla's Triton kernels cannot run there
   (fla is imported only when a CUDA path is taken).
@@ -38,7 +38,7 @@ from .dtypes import compute_dtype
 
 MODES = ("auto", "chunk", "fused_recurrent", "short", "torch")
 AUTO_RECURRENT_MAX_T = 64
-AUTO_SHORT_MAX_T = 512  # between the sweep's last tie (401 tokens, 0.99x) and its first loss (1029, 1.23x)
+AUTO_SHORT_MAX_T = 512  # between the sweep's last win (401 tokens, 0.88x) and its first loss (1029, 1.23x)
 TORCH_CHUNK_SIZE = 32
 SUB_CHUNK = 4
 

@@ -95,11 +95,11 @@ def _level(q, k, b, rt, W: tl.constexpr, PRECISION: tl.constexpr):
 
 @triton.jit
 def _gla_short_fwd_kernel(
-    q_ptr, k_ptr, v_ptr, g_ptr, o_ptr, sq, sk, sv, sg, so, T, H, scale,
+    q_ptr, k_ptr, v_ptr, g_ptr, o_ptr, sq, sk, sv, sg, so, T, H, scale, programs,
     K: tl.constexpr, V: tl.constexpr, BV: tl.constexpr, PRECISION: tl.constexpr,
 ):  # fmt: skip
     """o for one (batch * head, V tile): walk the chunks with the [K, BV] state in registers. sq ... so are
-    the operands' [B, T, H, D] strides."""
+    the operands' [B, T, H, D] strides; `programs` is only the autotuning key (see _autotuned)."""
     i_bh, i_v = tl.program_id(0), tl.program_id(1)
     i_b, i_h = (i_bh // H).to(tl.int64), (i_bh % H).to(tl.int64)
     rt = tl.arange(0, CHUNK)
@@ -124,7 +124,7 @@ def _gla_short_fwd_kernel(
 @triton.jit
 def _gla_short_bwd_kernel(
     q_ptr, k_ptr, v_ptr, g_ptr, do_ptr, dq_ptr, dk_ptr, dv_ptr, dg_ptr, sq, sk, sv, sg, sdo, sgk, sgv, T, H, scale,
-    K: tl.constexpr, V: tl.constexpr, PRECISION: tl.constexpr,
+    programs, K: tl.constexpr, V: tl.constexpr, PRECISION: tl.constexpr,
 ):  # fmt: skip
     """dq, dk, dv and the fp32 dgk of one (batch * head). dq, dk and dg share the strides sgk, dv has sgv."""
     i_bh = tl.program_id(0)
@@ -183,9 +183,12 @@ def _gla_short_bwd_kernel(
 
 
 def _forward_configs(V: int) -> list[triton.Config]:
-    """Autotune candidates of the forward: (V tile, warps, stages). Fewer warps spill registers (sm_90)."""
-    tiles = {(min(V, 64), 4, 1), (min(V, 64), 4, 2), (min(V, 64), 8, 1), (min(V, 32), 4, 1)}
-    return [triton.Config({"BV": bv}, num_warps=w, num_stages=s) for bv, w, s in sorted(tiles)]
+    """Autotune candidates of the forward: (V tile, warps, stages, register cap). Uncapped, the 4-warp program takes
+    all 255 registers and two fit on an H100 SM; capped at 168 (a few spills) three fit, so LKAT-T's 384 programs
+    run in one wave instead of two (0.195 -> 0.133 ms; benchmarks/bench_gla_registers.py). Fewer warps spill (sm_90)."""
+    tiles = {(min(V, 64), 4, 1, 0), (min(V, 64), 4, 2, 0), (min(V, 64), 8, 1, 0), (min(V, 32), 4, 1, 0)}
+    tiles |= {(min(V, 64), 4, 1, 168), (min(V, 64), 4, 1, 128)}
+    return [triton.Config({"BV": bv}, num_warps=w, num_stages=s, maxnreg=r or None) for bv, w, s, r in sorted(tiles)]
 
 
 def _backward_configs(V: int) -> list[triton.Config]:
@@ -195,10 +198,11 @@ def _backward_configs(V: int) -> list[triton.Config]:
 
 @functools.cache
 def _autotuned(backward: bool, V: int) -> triton.runtime.KernelInterface:
-    """The CUDA kernel autotuned over its configurations, keyed on K and V (and the operand dtypes)."""
+    """The CUDA kernel autotuned over its configurations, keyed on K, V, the operand dtypes and `programs`, the
+    power of two at or above B * H: how many programs share the SMs decides which register budget wins."""
     if backward:
-        return triton.autotune(configs=_backward_configs(V), key=["K", "V"])(_gla_short_bwd_kernel)
-    return triton.autotune(configs=_forward_configs(V), key=["K", "V"])(_gla_short_fwd_kernel)
+        return triton.autotune(configs=_backward_configs(V), key=["K", "V", "programs"])(_gla_short_bwd_kernel)
+    return triton.autotune(configs=_forward_configs(V), key=["K", "V", "programs"])(_gla_short_fwd_kernel)
 
 
 def _precision(*xs: torch.Tensor) -> str:
@@ -231,7 +235,8 @@ def gla_short_fwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, gk: torch.T
     o = torch.empty(B, T, H, V, dtype=q.dtype, device=q.device)
     if o.numel() == 0:
         return o
-    args = (q, k, v, gk, o, q.stride(), k.stride(), v.stride(), gk.stride(), o.stride(), T, H, scale)
+    strides = (q.stride(), k.stride(), v.stride(), gk.stride(), o.stride())
+    args = (q, k, v, gk, o, *strides, T, H, scale, triton.next_power_of_2(B * H))
     meta = dict(K=K, V=V, PRECISION=_precision(q, k, v))
     if INTERPRET:
         block_v = min(V, _INTERP_BLOCK_V)
@@ -251,7 +256,7 @@ def gla_short_bwd(
     dg = torch.empty(gk.shape, dtype=torch.float32, device=q.device)
     if dg.numel() and dv.numel():
         strides = (q.stride(), k.stride(), v.stride(), gk.stride(), do.stride(), dg.stride(), dv.stride())
-        args = (q, k, v, gk, do, dq, dk, dv, dg, *strides, T, H, scale)
+        args = (q, k, v, gk, do, dq, dk, dv, dg, *strides, T, H, scale, triton.next_power_of_2(B * H))
         meta = dict(K=K, V=v.shape[-1], PRECISION=_precision(q, k, v))
         kernel = _gla_short_bwd_kernel if INTERPRET else _autotuned(True, v.shape[-1])
         kernel[(B * H,)](*args, **meta)
