@@ -30,7 +30,7 @@ def _cap(cap: int | None) -> dict:
 
 
 def forward(q, k, v, gk, warps: int, cap: int | None):
-    """The forward kernel at one (warps, register cap), V tile 64: (o, compiled kernel)."""
+    """The forward kernel at one (warps, register cap), V tile 64: ((o,), compiled kernel)."""
     B, T, H, K = q.shape
     o = torch.empty(B, T, H, v.shape[-1], dtype=q.dtype, device=q.device)
     strides = (q.stride(), k.stride(), v.stride(), gk.stride(), o.stride())
@@ -38,7 +38,7 @@ def forward(q, k, v, gk, warps: int, cap: int | None):
         q, k, v, gk, o, *strides, T, H, K**-0.5, B * H, K=K, V=v.shape[-1], BV=v.shape[-1], PRECISION="tf32",
         num_warps=warps, num_stages=1, **_cap(cap),
     )  # fmt: skip
-    return o, compiled
+    return (o,), compiled
 
 
 def backward(q, k, v, gk, do, warps: int, cap: int | None):
@@ -83,7 +83,6 @@ def measure(batch: int, tokens: int, heads: int, head_dim: int, warmup: int, ite
                 else:
                     run, ref = functools.partial(backward, q, k, v, gk, do, warps, cap), ref_grads
                 outputs, compiled = run()
-                outputs = outputs if isinstance(outputs, tuple) else (outputs,)
                 row = {"shape_BTHD": shape, "kernel": kernel, "num_warps": warps, "maxnreg": cap}
                 row |= {"regs": compiled.n_regs, "spills": compiled.n_spills, "shared": compiled.metadata.shared}
                 row |= {"ms": time_ms(graphed(run), warmup, iters), "max_rel_diff": largest_difference(outputs, ref)}

@@ -198,11 +198,16 @@ def _backward_configs(V: int) -> list[triton.Config]:
 
 @functools.cache
 def _autotuned(backward: bool, V: int) -> triton.runtime.KernelInterface:
-    """The CUDA kernel autotuned over its configurations, keyed on K, V, the operand dtypes and `programs`, the
-    power of two at or above B * H: how many programs share the SMs decides which register budget wins."""
+    """The CUDA kernel autotuned over its configurations, keyed on K, V, the operand dtypes and `programs`
+    (_programs): how many programs share the SMs decides which register budget wins."""
     if backward:
         return triton.autotune(configs=_backward_configs(V), key=["K", "V", "programs"])(_gla_short_bwd_kernel)
     return triton.autotune(configs=_forward_configs(V), key=["K", "V", "programs"])(_gla_short_fwd_kernel)
+
+
+def _programs(B: int, H: int) -> int:
+    """The kernels' autotuning key `programs`: the power of two at or above B * H."""
+    return triton.next_power_of_2(B * H)
 
 
 def _precision(*xs: torch.Tensor) -> str:
@@ -236,7 +241,7 @@ def gla_short_fwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, gk: torch.T
     if o.numel() == 0:
         return o
     strides = (q.stride(), k.stride(), v.stride(), gk.stride(), o.stride())
-    args = (q, k, v, gk, o, *strides, T, H, scale, triton.next_power_of_2(B * H))
+    args = (q, k, v, gk, o, *strides, T, H, scale, _programs(B, H))
     meta = dict(K=K, V=V, PRECISION=_precision(q, k, v))
     if INTERPRET:
         block_v = min(V, _INTERP_BLOCK_V)
@@ -256,7 +261,7 @@ def gla_short_bwd(
     dg = torch.empty(gk.shape, dtype=torch.float32, device=q.device)
     if dg.numel() and dv.numel():
         strides = (q.stride(), k.stride(), v.stride(), gk.stride(), do.stride(), dg.stride(), dv.stride())
-        args = (q, k, v, gk, do, dq, dk, dv, dg, *strides, T, H, scale, triton.next_power_of_2(B * H))
+        args = (q, k, v, gk, do, dq, dk, dv, dg, *strides, T, H, scale, _programs(B, H))
         meta = dict(K=K, V=v.shape[-1], PRECISION=_precision(q, k, v))
         kernel = _gla_short_bwd_kernel if INTERPRET else _autotuned(True, v.shape[-1])
         kernel[(B * H,)](*args, **meta)
