@@ -1,0 +1,348 @@
+"""GLA's input path for one of q, k, v as one Triton kernel: short causal convolution, SiLU, per-head RMSNorm, RoPE.
+
+For x [B, T, D] (a projection's output, any strides), a depthwise causal convolution weight w [D, 1, TAPS], heads
+of DH = D / H channels, and optionally an RMSNorm weight [DH] and per-channel rotary tables cos, sin [T, DH]:
+    u_t = sum_j w[:, j] * x_{t - TAPS + 1 + j}     (x before the sequence start is 0)
+    y   = SiLU(u)                                   per head [B, T, H, DH]
+    y   = y * rsqrt(mean(y^2) + eps) * norm_weight  (with a norm weight)
+    y   = y * cos + turn(y) * sin                   (with tables; turn(y) = (-y_1, y_0, -y_3, y_2, ...))
+Both 2D RoPE layouts (models/rope.py) are this rotation with their own tables; rows past the patches have cos 1
+and sin 0. Everything is computed in fp32 and stored once in x's dtype: no intermediate is written.
+
+The backward is two kernels. The first recomputes u from x, takes the output gradient back through the rotation
+(turn^T = -turn), the norm and the SiLU to du = dL/du (fp32), and writes per-program partial sums of the
+convolution and norm weight gradients (summed on the host in a fixed order: deterministic, no atomics). The
+second is the transposed convolution dx_t = sum_j w[:, j] * du_{t + TAPS - 1 - j}. Only x is saved.
+
+On CUDA the kernels are autotuned over warps (the forward also over row tiles); with TRITON_INTERPRET=1 in the
+environment before triton is first imported they run on CPU tensors with a fixed configuration. The op is a torch
+custom op, so torch.compile keeps it in the graph as one opaque call. `gla_input_reference` is the exact torch form.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+
+import torch
+import torch.nn.functional as F
+import triton
+import triton.language as tl
+
+from .dtypes import compute_dtype
+
+INTERPRET = os.environ.get("TRITON_INTERPRET", "0") == "1"
+INPUT_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
+# Rows per program of the backward kernels (fixed: it sets the number of weight-gradient partials).
+_BWD_ROWS = 32
+_INTERP_ROWS = 16
+
+
+def turn(y: torch.Tensor) -> torch.Tensor:
+    """Each channel pair rotated by 90 degrees: (y_0, y_1, y_2, y_3, ...) -> (-y_1, y_0, -y_3, y_2, ...)."""
+    even, odd = y.unflatten(-1, (-1, 2)).unbind(-1)
+    return torch.stack([-odd, even], dim=-1).flatten(-2)
+
+
+def gla_input_reference(
+    x: torch.Tensor,
+    conv_weight: torch.Tensor,
+    norm_weight: torch.Tensor | None,
+    cos: torch.Tensor | None,
+    sin: torch.Tensor | None,
+    heads: int,
+    eps: float,
+) -> torch.Tensor:
+    """The exact torch form [B, T, H, DH], computed in fp32 (fp64 for fp64 x) and returned in x's dtype."""
+    dtype = compute_dtype(x)
+    taps, length = conv_weight.shape[-1], x.shape[1]
+    padded = F.pad(x.to(dtype), (0, 0, taps - 1, 0))
+    weight = conv_weight.reshape(-1, taps).to(dtype)
+    y = F.silu(sum(padded[:, j : j + length] * weight[:, j] for j in range(taps))).unflatten(-1, (heads, -1))
+    if norm_weight is not None:
+        y = y * torch.rsqrt(y.pow(2).mean(-1, keepdim=True) + eps) * norm_weight.to(dtype)
+    if cos is not None:
+        y = y * cos[:, None].to(dtype) + turn(y) * sin[:, None].to(dtype)
+    return y.to(x.dtype)
+
+
+@triton.jit
+def _turn(y, BT: tl.constexpr, BD: tl.constexpr):
+    """turn(y) of a [BT, BD] tile: (-y_1, y_0, -y_3, y_2, ...) along the columns."""
+    even, odd = tl.split(tl.reshape(y, (BT, BD // 2, 2)))
+    return tl.reshape(tl.join(-odd, even), (BT, BD))
+
+
+@triton.jit
+def _rows_of(x_ptr, sx0, sx1, sx2, i_b, src, cols, col_ok, T):
+    """Rows `src` (zero outside [0, T)) and columns `cols` of sequence i_b of a [B, T, D] tensor, as fp32."""
+    ok = ((src >= 0) & (src < T))[:, None] & col_ok[None, :]
+    offs = i_b * sx0 + src[:, None] * sx1 + cols[None, :] * sx2
+    return tl.load(x_ptr + offs, mask=ok, other=0.0).to(tl.float32)
+
+
+@triton.jit
+def _preactivation(
+    x_ptr, sx0, sx1, sx2, w_ptr, i_b, rows, cols, col_ok, T, TAPS: tl.constexpr, BT: tl.constexpr, BD: tl.constexpr
+):
+    """u [BT, BD] = the causal depthwise convolution of x at `rows`, columns `cols` (w is [D, TAPS] contiguous)."""
+    u = tl.zeros((BT, BD), dtype=tl.float32)
+    for j in tl.static_range(TAPS):
+        w = tl.load(w_ptr + cols * TAPS + j, mask=col_ok, other=0.0).to(tl.float32)
+        u += _rows_of(x_ptr, sx0, sx1, sx2, i_b, rows - (TAPS - 1 - j), cols, col_ok, T) * w[None, :]
+    return u
+
+
+@triton.jit
+def _inv_rms(y, eps, DH: tl.constexpr):
+    """1 / sqrt(mean(y^2) + eps) per row of a tile whose columns past DH are zero."""
+    return 1.0 / tl.sqrt(tl.sum(y * y, axis=1) / DH + eps)
+
+
+@triton.jit
+def _fwd_kernel(
+    x_ptr, w_ptr, nw_ptr, cos_ptr, sin_ptr, out_ptr, sx0, sx1, sx2, so0, so1, so2, T, H, eps,
+    DH: tl.constexpr, BD: tl.constexpr, TAPS: tl.constexpr, NORM: tl.constexpr, ROPE: tl.constexpr,
+    BT: tl.constexpr,
+):  # fmt: skip
+    """The output of BT rows of one (batch, head); so* are the output's [B, T, D] strides."""
+    i_t, i_bh = tl.program_id(0), tl.program_id(1)
+    i_b, i_h = (i_bh // H).to(tl.int64), i_bh % H
+    rows = i_t * BT + tl.arange(0, BT)
+    c = tl.arange(0, BD)
+    col_ok = c < DH
+    cols = i_h * DH + c
+    u = _preactivation(x_ptr, sx0, sx1, sx2, w_ptr, i_b, rows, cols, col_ok, T, TAPS, BT, BD)
+    y = u * tl.sigmoid(u)
+    if NORM:
+        y = y * _inv_rms(y, eps, DH)[:, None] * tl.load(nw_ptr + c, mask=col_ok, other=0.0).to(tl.float32)[None, :]
+    if ROPE:
+        table = rows[:, None] * DH + c[None, :]
+        ok = (rows < T)[:, None] & col_ok[None, :]
+        cos = tl.load(cos_ptr + table, mask=ok, other=0.0)
+        y = y * cos + _turn(y, BT, BD) * tl.load(sin_ptr + table, mask=ok, other=0.0)
+    offs = i_b * so0 + rows[:, None] * so1 + cols[None, :] * so2
+    tl.store(out_ptr + offs, y.to(out_ptr.dtype.element_ty), mask=(rows < T)[:, None] & col_ok[None, :])
+
+
+@triton.jit
+def _bwd_pre_kernel(
+    x_ptr, w_ptr, nw_ptr, cos_ptr, sin_ptr, do_ptr, du_ptr, dw_ptr, dnw_ptr, sx0, sx1, sx2, sd0, sd1, sd2, T, H, D,
+    eps, DH: tl.constexpr, BD: tl.constexpr, TAPS: tl.constexpr, NORM: tl.constexpr, ROPE: tl.constexpr,
+    BT: tl.constexpr,
+):  # fmt: skip
+    """du (fp32, [B, T, D] contiguous) of BT rows of one (batch, head), with this program's partial sums of the
+    convolution weight gradient (dw_ptr [D, TAPS, row blocks * B]) and of the norm weight's (dnw_ptr [DH, programs]):
+    partials last, so that the host sums contiguous rows. sd* are the output gradient's [B, T, D] strides."""
+    i_t, i_bh = tl.program_id(0), tl.program_id(1)
+    blocks, programs = tl.num_programs(0), tl.num_programs(0) * tl.num_programs(1)
+    i_b, i_h = (i_bh // H).to(tl.int64), i_bh % H
+    rows = i_t * BT + tl.arange(0, BT)
+    c = tl.arange(0, BD)
+    col_ok = c < DH
+    cols = i_h * DH + c
+    u = _preactivation(x_ptr, sx0, sx1, sx2, w_ptr, i_b, rows, cols, col_ok, T, TAPS, BT, BD)
+    s = tl.sigmoid(u)
+    y = u * s
+    dm = _rows_of(do_ptr, sd0, sd1, sd2, i_b, rows, cols, col_ok, T)
+    if ROPE:
+        table = rows[:, None] * DH + c[None, :]
+        ok = (rows < T)[:, None] & col_ok[None, :]
+        sin = tl.load(sin_ptr + table, mask=ok, other=0.0)
+        dm = dm * tl.load(cos_ptr + table, mask=ok, other=0.0) - _turn(dm * sin, BT, BD)
+    if NORM:
+        r = _inv_rms(y, eps, DH)[:, None]
+        n = y * r
+        tl.store(dnw_ptr + c * programs + i_t * tl.num_programs(1) + i_bh, tl.sum(dm * n, axis=0), mask=col_ok)
+        dn = dm * tl.load(nw_ptr + c, mask=col_ok, other=0.0).to(tl.float32)[None, :]
+        dm = r * (dn - n * (tl.sum(dn * n, axis=1) / DH)[:, None])
+    du = dm * (s + y * (1.0 - s))
+    tl.store(du_ptr + i_b * T * D + rows[:, None] * D + cols[None, :], du, mask=(rows < T)[:, None] & col_ok[None, :])
+    slots = blocks * (tl.num_programs(1) // H)  # (row block, sequence) pairs
+    for j in tl.static_range(TAPS):
+        x = _rows_of(x_ptr, sx0, sx1, sx2, i_b, rows - (TAPS - 1 - j), cols, col_ok, T)
+        tl.store(
+            dw_ptr + (cols * TAPS + j) * slots + i_t * (slots // blocks) + i_b, tl.sum(du * x, axis=0), mask=col_ok
+        )
+
+
+@triton.jit
+def _bwd_input_kernel(
+    du_ptr, w_ptr, dx_ptr, T, H, D, DH: tl.constexpr, BD: tl.constexpr, TAPS: tl.constexpr, BT: tl.constexpr
+):
+    """dx_t = sum_j w[:, j] * du_{t + TAPS - 1 - j} for BT rows of one (batch, head); du and dx [B, T, D] contiguous."""
+    i_t, i_bh = tl.program_id(0), tl.program_id(1)
+    i_b, i_h = (i_bh // H).to(tl.int64), i_bh % H
+    rows = i_t * BT + tl.arange(0, BT)
+    c = tl.arange(0, BD)
+    col_ok = c < DH
+    cols = i_h * DH + c
+    dx = tl.zeros((BT, BD), dtype=tl.float32)
+    for j in tl.static_range(TAPS):
+        w = tl.load(w_ptr + cols * TAPS + j, mask=col_ok, other=0.0).to(tl.float32)
+        dx += _rows_of(du_ptr, T * D, D, 1, i_b, rows + (TAPS - 1 - j), cols, col_ok, T) * w[None, :]
+    tl.store(dx_ptr + i_b * T * D + rows[:, None] * D + cols[None, :], dx.to(dx_ptr.dtype.element_ty),
+             mask=(rows < T)[:, None] & col_ok[None, :])  # fmt: skip
+
+
+_KEY = ["DH", "TAPS", "NORM", "ROPE"]
+
+
+@functools.cache
+def _autotuned(kernel_name: str) -> triton.runtime.KernelInterface:
+    """A kernel autotuned on CUDA: the forward over (row tile, warps), the backward kernels over warps."""
+    if kernel_name == "forward":
+        configs = [triton.Config({"BT": bt}, num_warps=w) for bt in (16, 32, 64) for w in (2, 4)]
+        return triton.autotune(configs=configs, key=_KEY)(_fwd_kernel)
+    configs = [triton.Config({"BT": _BWD_ROWS}, num_warps=w) for w in (2, 4, 8)]
+    kernel = _bwd_pre_kernel if kernel_name == "backward" else _bwd_input_kernel
+    return triton.autotune(configs=configs, key=["DH", "TAPS"] if kernel_name == "input" else _KEY)(kernel)
+
+
+def _launch(kernel_name: str, kernel, rows_per_program: int | None, B: int, T: int, H: int, *args, **meta) -> None:
+    """Launch over (row blocks, B * H): the interpreter with a fixed tile, CUDA autotuned."""
+    if INTERPRET:
+        bt = rows_per_program or _INTERP_ROWS
+        kernel[(triton.cdiv(T, bt), B * H)](*args, BT=bt, **meta)
+    else:
+        _autotuned(kernel_name)[lambda m: (triton.cdiv(T, m["BT"]), B * H)](*args, **meta)
+
+
+def _meta(x: torch.Tensor, conv_weight: torch.Tensor, heads: int, norm: bool, rope: bool) -> dict:
+    head_dim = x.shape[-1] // heads
+    return dict(DH=head_dim, BD=triton.next_power_of_2(head_dim), TAPS=conv_weight.shape[-1], NORM=norm, ROPE=rope)
+
+
+def _tables(norm_weight, cos, sin, x: torch.Tensor) -> tuple[torch.Tensor, ...]:
+    """The optional operands as contiguous fp32 tensors (x itself as a placeholder where absent: never read)."""
+    return tuple(x if t is None else t.float().contiguous() for t in (norm_weight, cos, sin))
+
+
+def gla_input_fwd(x, conv_weight, norm_weight, cos, sin, heads: int, eps: float) -> torch.Tensor:
+    """The output [B, T, H, DH] in x's dtype."""
+    B, T, D = x.shape
+    out = torch.empty(B, T, heads, D // heads, dtype=x.dtype, device=x.device)
+    if out.numel():
+        weight = conv_weight.reshape(D, -1).contiguous()
+        nw, cs, sn = _tables(norm_weight, cos, sin, x)
+        meta = _meta(x, conv_weight, heads, norm_weight is not None, cos is not None)
+        args = (x, weight, nw, cs, sn, out, *x.stride(), *out.flatten(2).stride(), T, heads, eps)
+        _launch("forward", _fwd_kernel, None, B, T, heads, *args, **meta)
+    return out
+
+
+def gla_input_bwd(x, conv_weight, norm_weight, cos, sin, do, heads: int, eps: float) -> tuple[torch.Tensor, ...]:
+    """(dx in x's dtype, d conv_weight, d norm_weight (empty without a norm weight)) for the output gradient do."""
+    B, T, D = x.shape
+    taps = conv_weight.shape[-1]
+    norm = norm_weight is not None
+    blocks = triton.cdiv(T, _BWD_ROWS)
+    du = torch.empty(B, T, D, dtype=torch.float32, device=x.device)
+    dw = torch.empty(D, taps, blocks * B, dtype=torch.float32, device=x.device)
+    dnw = torch.empty(D // heads, blocks * B * heads if norm else 0, dtype=torch.float32, device=x.device)
+    dx = torch.empty(B, T, D, dtype=x.dtype, device=x.device)
+    if du.numel():  # else the empty partials sum to zero gradients
+        weight = conv_weight.reshape(D, -1).contiguous()
+        nw, cs, sn = _tables(norm_weight, cos, sin, x)
+        meta = _meta(x, conv_weight, heads, norm, cos is not None)
+        strides = (*x.stride(), *do.flatten(2).stride())
+        args = (x, weight, nw, cs, sn, do.flatten(2), du, dw, dnw, *strides, T, heads, D, eps)
+        _launch("backward", _bwd_pre_kernel, _BWD_ROWS, B, T, heads, *args, **meta)
+        meta = {k: meta[k] for k in ("DH", "BD", "TAPS")}
+        _launch("input", _bwd_input_kernel, _BWD_ROWS, B, T, heads, du, weight, dx, T, heads, D, **meta)
+    d_conv = dw.sum(-1).reshape(conv_weight.shape).to(conv_weight.dtype)
+    d_norm = dnw.sum(-1).to(norm_weight.dtype) if norm else dnw.new_empty(0, D // heads)
+    return dx, d_conv, d_norm
+
+
+def supports(x: torch.Tensor, heads: int, rope: bool) -> bool:
+    """Whether the kernels take this input: a 16/32-bit [B, T, D] on CUDA (or the interpreter), D = heads * DH with
+    DH even for RoPE."""
+    if x.dim() != 3 or x.dtype not in INPUT_DTYPES or x.shape[-1] % heads or not (x.is_cuda or INTERPRET):
+        return False
+    return not rope or (x.shape[-1] // heads) % 2 == 0
+
+
+@torch.library.custom_op("lkat_lens::gla_input", mutates_args=())
+def _gla_input_op(
+    x: torch.Tensor,
+    conv_weight: torch.Tensor,
+    norm_weight: torch.Tensor | None,
+    cos: torch.Tensor | None,
+    sin: torch.Tensor | None,
+    heads: int,
+    eps: float,
+) -> torch.Tensor:
+    """The forward as a custom op (opaque to torch.compile)."""
+    return gla_input_fwd(x, conv_weight, norm_weight, cos, sin, heads, eps)
+
+
+@_gla_input_op.register_fake
+def _gla_input_fake(x, conv_weight, norm_weight, cos, sin, heads, eps) -> torch.Tensor:
+    return x.new_empty(*x.shape[:2], heads, x.shape[-1] // heads)
+
+
+@torch.library.custom_op("lkat_lens::gla_input_backward", mutates_args=())
+def _gla_input_backward_op(
+    x: torch.Tensor,
+    conv_weight: torch.Tensor,
+    norm_weight: torch.Tensor | None,
+    cos: torch.Tensor | None,
+    sin: torch.Tensor | None,
+    do: torch.Tensor,
+    heads: int,
+    eps: float,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The backward as a custom op: (dx, d conv_weight, d norm_weight or an empty tensor)."""
+    return gla_input_bwd(x, conv_weight, norm_weight, cos, sin, do, heads, eps)
+
+
+@_gla_input_backward_op.register_fake
+def _gla_input_backward_fake(x, conv_weight, norm_weight, cos, sin, do, heads, eps):
+    d_norm = (
+        x.new_empty(0, x.shape[-1] // heads, dtype=torch.float32)
+        if norm_weight is None
+        else torch.empty_like(norm_weight)
+    )
+    return torch.empty_like(x, memory_format=torch.contiguous_format), torch.empty_like(conv_weight), d_norm
+
+
+def _setup_context(ctx, inputs: tuple, output: torch.Tensor) -> None:
+    x, conv_weight, norm_weight, cos, sin, heads, eps = inputs
+    ctx.save_for_backward(x, conv_weight, norm_weight, cos, sin)
+    ctx.heads, ctx.eps = heads, eps
+
+
+def _backward(ctx, do: torch.Tensor) -> tuple:
+    x, conv_weight, norm_weight, cos, sin = ctx.saved_tensors
+    dx, d_conv, d_norm = _gla_input_backward_op(x, conv_weight, norm_weight, cos, sin, do, ctx.heads, ctx.eps)
+    return dx, d_conv, (None if norm_weight is None else d_norm), None, None, None, None
+
+
+_gla_input_op.register_autograd(_backward, setup_context=_setup_context)
+
+
+def gla_input(
+    x: torch.Tensor,
+    conv_weight: torch.Tensor,
+    norm_weight: torch.Tensor | None = None,
+    cos: torch.Tensor | None = None,
+    sin: torch.Tensor | None = None,
+    *,
+    heads: int,
+    eps: float = 1e-6,
+) -> torch.Tensor:
+    """Differentiable conv + SiLU (+ RMSNorm) (+ RoPE) of x [B, T, D] as [B, T, heads, D / heads] in x's dtype.
+
+    Gradients reach x, conv_weight and norm_weight (not the rotary tables)."""
+    if (cos is None) != (sin is None):
+        raise ValueError("give both rotary tables cos and sin, or neither")
+    head_dim = x.shape[-1] // max(heads, 1)
+    if cos is not None and (cos.shape != (x.shape[1], head_dim) or sin.shape != cos.shape):
+        raise ValueError(f"rotary tables must be [T, head dim] = {(x.shape[1], head_dim)}, got {tuple(cos.shape)}")
+    if not supports(x, heads, cos is not None):
+        raise ValueError(
+            f"gla_input needs a [B, T, D] tensor in {INPUT_DTYPES} on CUDA (or the Triton interpreter) with D "
+            f"divisible by heads ({heads}), heads of even width for RoPE; got {tuple(x.shape)} {x.dtype} on {x.device}"
+        )
+    return _gla_input_op(x, conv_weight, norm_weight, cos, sin, heads, float(eps))

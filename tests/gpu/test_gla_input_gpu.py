@@ -1,0 +1,100 @@
+"""GLA's fused input-path kernel on CUDA against the fp64 reference, and in LKAT-T (eager and compiled) against the
+model's own modules and against the model in fp64."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+
+import lkat_lens
+from lkat_lens.kernels.gla_input import gla_input, gla_input_reference
+
+pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")]
+
+TOL = {torch.float32: 1e-5, torch.bfloat16: 2e-2}
+
+
+def rel_max(a: torch.Tensor, b: torch.Tensor) -> float:
+    """Max abs difference relative to the reference's max magnitude."""
+    return ((a.double() - b.double()).abs().max() / b.double().abs().max()).item()
+
+
+def rel_norm(a: torch.Tensor, b: torch.Tensor) -> float:
+    return ((a.double() - b.double()).norm() / b.double().norm()).item()
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
+@pytest.mark.parametrize(
+    ("B", "T", "H", "DH", "rope"),
+    [(32, 197, 3, 64, True), (32, 201, 6, 64, True), (8, 5, 2, 48, True), (16, 1029, 6, 64, False)],
+    ids=["lkat_t", "lkat_s", "ragged", "long_v"],
+)
+def test_kernel_matches_fp64_reference(B: int, T: int, H: int, DH: int, rope: bool, dtype: torch.dtype) -> None:
+    """Output and the gradients of x (a column slice of a projection output), the conv and the norm weights."""
+    gen = torch.Generator(device="cuda").manual_seed(T)
+    D = H * DH
+    x = torch.randn(B, T, 3 * D, device="cuda", generator=gen)[..., D : 2 * D].to(dtype)
+    weight = torch.randn(D, 1, 4, device="cuda", generator=gen) * 0.5
+    norm_weight = torch.randn(DH, device="cuda", generator=gen) + 1.0 if rope else None
+    angles = torch.randn(T, DH // 2, device="cuda", generator=gen)
+    cos, sin = (angles.cos().repeat_interleave(2, -1), angles.sin().repeat_interleave(2, -1)) if rope else (None,) * 2
+    do = torch.randn(B, T, H, DH, device="cuda", generator=gen)
+
+    def run(fn, cast):
+        leaves = [t.detach().to(cast or t.dtype).requires_grad_() for t in (x, weight, norm_weight) if t is not None]
+        tables = [t if t is None or cast is None else t.to(cast) for t in (cos, sin)]
+        out = fn(*leaves, *([] if rope else [None]), *tables, heads=H, eps=1e-6)
+        return [out.detach(), *torch.autograd.grad(out, leaves, do.to(out.dtype))]
+
+    got = run(gla_input, None)
+    ref = run(gla_input_reference, torch.float64)
+    for name, g, r in zip(("out", "dx", "d_conv", "d_norm"), got, ref, strict=False):
+        assert torch.isfinite(g).all(), name
+        assert rel_max(g, r) <= TOL[dtype], (name, rel_max(g, r))
+
+
+@pytest.fixture(scope="module")
+def lkat_t():
+    """A two-block LKAT-T at 224² (197 tokens) with the exact torch GLA, and a batch of images."""
+    torch.manual_seed(0)
+    model = lkat_lens.create_model("lkat_tiny_patch16_224", num_classes=10, depth=2).cuda().set_backends(attn="torch")
+    images = torch.randn(4, 3, 224, 224, device="cuda", generator=torch.Generator(device="cuda").manual_seed(1))
+    return model, images
+
+
+def step(model: torch.nn.Module, images: torch.Tensor, mode: str, autocast: bool = False) -> list[torch.Tensor]:
+    """Logits and the flat parameter gradient of one backward of the logits' squares, GLA inputs in `mode`."""
+    model.set_backends(gla_input=mode)
+    model.zero_grad(set_to_none=True)
+    with torch.autocast("cuda", dtype=torch.bfloat16, enabled=autocast):
+        logits = model(images).float()
+    logits.square().sum().backward()
+    return [logits.detach(), torch.cat([p.grad.double().flatten() for p in model.parameters() if p.grad is not None])]
+
+
+def errors(results: list[torch.Tensor], truth: list[torch.Tensor]) -> float:
+    """The larger relative (Frobenius) error of the logits and of the flat gradient."""
+    return max(rel_norm(a, b) for a, b in zip(results, truth, strict=True))
+
+
+def test_lkat_fused_inputs_as_close_to_fp64_as_the_modules(lkat_t) -> None:
+    """fp32 logits and gradients (conv and norm weights among them) against the model in fp64 (modules)."""
+    model, images = lkat_t
+    exact = step(copy.deepcopy(model).double(), images.double(), "torch")
+    measured = {mode: errors(step(model, images, mode), exact) for mode in ("torch", "fused")}
+    assert measured["torch"] < 1e-3 and measured["fused"] <= 2 * measured["torch"] + 1e-7, measured
+    assert model.blocks[0].attn.fuses_inputs(torch.zeros(1, 2, 192, device="cuda"))
+
+
+def test_lkat_fused_inputs_in_bf16_eager_and_compiled(lkat_t) -> None:
+    """Under bf16 autocast the fused path is as close to the fp32 model as the modules are; compiled with fullgraph
+    (the op breaks no graph) it is as close as eager."""
+    model, images = lkat_t
+    truth = step(model, images, "torch")
+    measured = {mode: errors(step(model, images, mode, True), truth) for mode in ("torch", "fused")}
+    measured["compiled"] = errors(step(torch.compile(model, fullgraph=True), images, "fused", True), truth)
+    torch.compiler.reset()
+    assert measured["fused"] <= 1.5 * measured["torch"] + 1e-3, measured
+    assert measured["compiled"] <= 2 * measured["fused"] + 1e-2, measured

@@ -1,0 +1,218 @@
+"""GLA's fused input-path kernel (conv + SiLU + RMSNorm + RoPE) under the Triton interpreter against float64.
+
+The kernel's torch reference is checked against the model's own modules (ShortConvolution, timm's RmsNorm, both
+RoPE layouts) here; the kernels run on CPU through the Triton interpreter, in a child process started with
+TRITON_INTERPRET=1 unless this process already runs that way (see triton_interpreter.py).
+"""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+import triton_interpreter
+from timm.layers import RmsNorm
+
+import lkat_lens
+from lkat_lens.kernels import gla_input
+from lkat_lens.models.attention import ShortConvolution
+from lkat_lens.models.rope import make_rope
+
+OUTPUTS = ("out", "dx", "d_conv", "d_norm")
+TOL = {"float32": 1e-5, "bfloat16": 2e-2}
+# id -> (B, T, H, DH, norm, rope, dtype, layout); "model" is x as a column slice of a wider projection output
+CASES = {
+    f"B{B}-T{T}-H{H}-D{DH}-{'norm' if norm else 'plain'}-{'rope' if rope else 'norope'}-{dtype}-{layout}": (
+        B, T, H, DH, norm, rope, dtype, layout
+    )
+    for B, T, H, DH, norm, rope, dtype, layout in [
+        (2, 1, 2, 16, True, True, "float32", "contiguous"),
+        (2, 3, 3, 12, True, True, "float32", "model"),  # T shorter than the taps, head dim not a power of two
+        (2, 37, 2, 16, True, True, "float32", "model"),  # ragged row blocks
+        (1, 70, 2, 64, False, False, "float32", "model"),  # v's path
+        (2, 33, 2, 32, True, False, "float32", "contiguous"),
+        (2, 40, 2, 64, True, True, "bfloat16", "model"),
+        (3, 21, 1, 48, False, False, "bfloat16", "contiguous"),
+    ]
+}  # fmt: skip
+
+
+def make_case(B: int, T: int, H: int, DH: int, norm: bool, rope: bool, dtype: torch.dtype, layout: str, seed: int = 0):
+    """(x, conv weight, norm weight or None, cos, sin, output gradient)."""
+    gen = torch.Generator().manual_seed(seed)
+    D = H * DH
+    x = (
+        torch.randn(B, T, 3 * D, generator=gen)[..., D : 2 * D]
+        if layout == "model"
+        else torch.randn(B, T, D, generator=gen)
+    )
+    weight = torch.randn(D, 1, 4, generator=gen) * 0.5
+    norm_weight = torch.randn(DH, generator=gen) + 1.0 if norm else None
+    angles = torch.randn(T, DH // 2, generator=gen)
+    cos, sin = (angles.cos().repeat_interleave(2, -1), angles.sin().repeat_interleave(2, -1)) if rope else (None, None)
+    return x.to(dtype), weight, norm_weight, cos, sin, torch.randn(B, T, H, DH, generator=gen)
+
+
+def outputs_and_grads(fn, x, weight, norm_weight, cos, sin, do, heads: int) -> list[torch.Tensor]:
+    """fn's output and the gradients of sum(out * do) w.r.t. x, the conv weight and the norm weight."""
+    leaves = [t.detach().requires_grad_() for t in (x, weight, norm_weight) if t is not None]
+    out = fn(*leaves, *([] if norm_weight is not None else [None]), cos, sin, heads=heads, eps=1e-6)
+    return [out.detach(), *torch.autograd.grad(out, leaves, do.to(out.dtype))]
+
+
+def rel_err(a: torch.Tensor, b: torch.Tensor) -> float:
+    """Max abs difference relative to the reference's max magnitude."""
+    return ((a.double() - b.double()).abs().max() / b.double().abs().max()).item()
+
+
+def _fp64(fn):
+    """fn on fp64 copies of its tensors (the rotary tables included)."""
+    return lambda *ts, **kw: fn(*(t if t is None else t.double() for t in ts), **kw)
+
+
+def _measure_case(case: tuple) -> dict:
+    """Errors of the kernels against the fp64 reference, and whether dtypes, shapes and values are right."""
+    B, T, H, DH, norm, rope, dtype_name, layout = case
+    x, weight, norm_weight, cos, sin, do = make_case(B, T, H, DH, norm, rope, getattr(torch, dtype_name), layout)
+    got = outputs_and_grads(gla_input.gla_input, x, weight, norm_weight, cos, sin, do, H)
+    ref = outputs_and_grads(_fp64(gla_input.gla_input_reference), x, weight, norm_weight, cos, sin, do, H)
+    errors = {name: rel_err(g, r) for name, g, r in zip(OUTPUTS, got, ref, strict=False)}
+    out_shape = (B, T, H, DH)
+    expected = [(x.dtype, out_shape), (x.dtype, x.shape), (weight.dtype, weight.shape)]
+    expected += [(norm_weight.dtype, norm_weight.shape)] if norm else []
+    errors["layout_ok"] = [(g.dtype, tuple(g.shape)) for g in got] == [(d, tuple(s)) for d, s in expected]
+    errors["finite"] = all(bool(torch.isfinite(g).all()) for g in got)
+    return errors
+
+
+def _check_op_and_compile() -> dict:
+    """torch.library.opcheck of the custom op (with and without the optional operands), and torch.compile
+    (fullgraph) through it."""
+    x, weight, norm_weight, cos, sin, do = make_case(2, 9, 2, 16, True, True, torch.float32, "model")
+    leaves = [t.requires_grad_() for t in (x, weight, norm_weight)]
+    torch.library.opcheck(torch.ops.lkat_lens.gla_input, (*leaves, cos, sin, 2, 1e-6))
+    torch.library.opcheck(torch.ops.lkat_lens.gla_input, (x, weight, None, None, None, 2, 0.0))
+
+    def fn(*args, **kwargs):
+        return gla_input.gla_input(*args, **kwargs) * 2
+
+    compiled = torch.compile(fn, fullgraph=True, backend="aot_eager")
+    eager = outputs_and_grads(fn, x, weight, norm_weight, cos, sin, do, 2)
+    traced = outputs_and_grads(compiled, x, weight, norm_weight, cos, sin, do, 2)
+    return {"opcheck": True, "compile_err": max(rel_err(a, b) for a, b in zip(traced, eager, strict=True))}
+
+
+def _model_step(model: torch.nn.Module, images: torch.Tensor, mode: str) -> list[torch.Tensor]:
+    """Logits and every parameter gradient of one backward of the logits' squares, GLA inputs in `mode`."""
+    model.set_backends(gla_input=mode)
+    model.zero_grad()
+    logits = model(images)
+    logits.square().sum().backward()
+    return [logits.detach()] + [p.grad.clone() for p in model.parameters() if p.grad is not None]
+
+
+def _check_model() -> dict:
+    """lkat_micro in fp32 with fused GLA inputs and with its modules, each against the model in fp64 (modules): logits
+    and all parameter gradients; a forward hook on a convolution turns the fused path off and fires."""
+    torch.manual_seed(0)
+    model = lkat_lens.create_model("lkat_micro", num_classes=10).set_backends(attn="torch")
+    images = torch.randn(2, 3, 16, 16, generator=torch.Generator().manual_seed(1))
+    exact = _model_step(copy.deepcopy(model).double(), images.double(), "torch")
+    errors = {}
+    for mode in ("torch", "fused"):
+        results = _model_step(model, images, mode)
+        errors[mode] = max(rel_err(a, b) for a, b in zip(results, exact, strict=True))
+    attn = model.blocks[0].attn
+    x = torch.zeros(1, 4, attn.q_proj.out_features)
+    fuses = attn.fuses_inputs(x)
+    calls = []
+    handle = attn.q_conv1d.register_forward_hook(lambda *_: calls.append(1))
+    fuses_hooked = attn.fuses_inputs(x)
+    model(images)
+    handle.remove()
+    return {
+        "grads": len(exact) - 1,
+        "errors": errors,
+        "fuses": fuses,
+        "fuses_hooked": fuses_hooked,
+        "hook_calls": len(calls),
+    }
+
+
+def interpreter_measurements() -> dict:
+    """Every case's measurements (needs TRITON_INTERPRET=1 before triton was imported)."""
+    results = {cid: _measure_case(case) for cid, case in CASES.items()}
+    results["op"] = _check_op_and_compile()
+    results["model"] = _check_model()
+    return results
+
+
+@pytest.fixture(scope="module")
+def interp() -> dict:
+    """Interpreter measurements, computed here or in a child process with TRITON_INTERPRET=1."""
+    return triton_interpreter.measurements(__file__, gla_input.INTERPRET, interpreter_measurements)
+
+
+@pytest.mark.parametrize("case_id", list(CASES))
+def test_interpreter_matches_fp64_reference(interp: dict, case_id: str) -> None:
+    measured = interp[case_id]
+    assert measured["layout_ok"] and measured["finite"], measured
+    for name in OUTPUTS:
+        if name in measured:
+            assert measured[name] <= TOL[CASES[case_id][6]], (name, measured)
+
+
+def test_custom_op_passes_opcheck_and_compiles_without_graph_break(interp: dict) -> None:
+    assert interp["op"]["opcheck"]
+    assert interp["op"]["compile_err"] < 1e-6
+
+
+def test_fused_inputs_match_the_modules_in_lkat(interp: dict) -> None:
+    """lkat_micro's fp32 logits and every parameter's gradient (the conv and norm weights among them), fused and with
+    the modules, against fp64: the fused path is as close as the modules are (fp32 rounding through the network)."""
+    measured = interp["model"]
+    errors = measured["errors"]
+    assert measured["grads"] > 50 and errors["torch"] < 1e-3, measured
+    assert errors["fused"] <= 2 * errors["torch"] + 1e-6, measured
+    assert measured["fuses"] and not measured["fuses_hooked"], measured
+    assert measured["hook_calls"] == 1, measured  # block 0's q convolution ran once
+
+
+@pytest.mark.parametrize("rope_mode", ["2dv1", "2dv0"])
+def test_reference_matches_the_model_modules(rope_mode: str) -> None:
+    """The kernel's torch reference against ShortConvolution, timm's RmsNorm and the RoPE module, in fp64 (the RoPE
+    modules rotate in fp32), with tokens past the patches (left unrotated by both)."""
+    grid, H, DH, extra = (3, 4), 2, 16, 5
+    T = grid[0] * grid[1] + extra
+    gen = torch.Generator().manual_seed(2)
+    conv, norm, rope = ShortConvolution(H * DH), RmsNorm(DH, eps=1e-6), make_rope(rope_mode, grid, DH)
+    conv, norm, rope = conv.double(), norm.double(), rope.double()
+    with torch.no_grad():
+        norm.weight.copy_(torch.randn(DH, generator=gen, dtype=torch.float64))
+    x = torch.randn(2, T, H * DH, generator=gen, dtype=torch.float64)
+    modules = rope(norm(conv(x).unflatten(-1, (H, DH))))
+    cos, sin = rope.channel_tables(T)
+    reference = gla_input.gla_input_reference(x, conv.weight, norm.weight, cos, sin, H, 1e-6)
+    assert rel_err(reference, modules) < 1e-6
+    plain = gla_input.gla_input_reference(x, conv.weight, None, None, None, H, 0.0)
+    assert rel_err(plain, conv(x).unflatten(-1, (H, DH))) < 1e-12
+
+
+def test_input_validation() -> None:
+    x = torch.zeros(1, 5, 32)
+    weight = torch.zeros(32, 1, 4)
+    with pytest.raises(ValueError, match="on CUDA"):
+        gla_input.gla_input(x.double(), weight, heads=2)
+    with pytest.raises(ValueError, match="divisible by heads"):
+        gla_input.gla_input(x, weight, heads=3)
+    with pytest.raises(ValueError, match="cos and sin"):
+        gla_input.gla_input(x, weight, cos=torch.ones(5, 16), heads=2)
+    with pytest.raises(ValueError, match="rotary tables"):
+        gla_input.gla_input(x, weight, cos=torch.ones(4, 16), sin=torch.ones(4, 16), heads=2)
+    with pytest.raises(ValueError, match="gla_input must be one of"):
+        lkat_lens.create_model("lkat_micro", num_classes=10).set_backends(gla_input="fast")
+
+
+if __name__ == "__main__":
+    triton_interpreter.report(interpreter_measurements)
