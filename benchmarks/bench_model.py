@@ -14,7 +14,8 @@ synthetic data already on the GPU; inference is a bf16-autocast forward without 
 ratios to the ViT of its size (same compile setting) and to the paper configuration of its size.
 The sweep keeps tokens x batch near --sweep-tokens and reports per-image numbers and the crossover
 resolution where LKAT-S starts to train (and infer) faster than ViT-S.
---compare (issue 19) measures, per size, ViT and LKAT (each GLA mode of --attn x KAN backend of --kan) under each
+--compare (issue 19) measures, per size, ViT and LKAT (each GLA mode of --attn x KAN backend of --kan x GLA input
+path of --gla-input) under each
 --compile-modes setting
 ("eager", or a torch.compile mode with fullgraph=True: any graph break fails the row): train and inference
 images/s, peak memory per image, and one profiled training step and inference (profile_step.py: kernel launches,
@@ -29,6 +30,7 @@ from __future__ import annotations
 
 import argparse
 import gc
+import itertools
 import math
 import time
 from dataclasses import asdict, dataclass
@@ -380,17 +382,19 @@ def compare_ratios(rows: list[dict]) -> None:
 
 def compared_variants(size: str, args: argparse.Namespace) -> list[tuple[str, str, dict, dict, float]]:
     """(label, registry name, create kwargs, backends, activation memory budget): the ViT (inductor's default
-    budget), then LKAT with every --attn x --kan x --memory-budgets triple."""
+    budget), then LKAT with every combination of --attn, --kan, --gla-input and --memory-budgets."""
     rows = []
     for label, name, kwargs in compared_models(size, args.tiny):
         if not name.startswith("lkat"):
             rows.append((label, name, kwargs, {}, 1.0))
             continue
-        for attn in args.attn:
-            for kan in args.kan:
-                for budget in args.memory_budgets:
-                    suffix = "" if budget == 1.0 else f" budget {budget:g}"
-                    rows.append((f"{label} {attn}/{kan}{suffix}", name, kwargs, {"attn": attn, "kan": kan}, budget))
+        for attn, kan, gla_input in itertools.product(args.attn, args.kan, args.gla_input):
+            for budget in args.memory_budgets:
+                suffix = ("" if budget == 1.0 else f" budget {budget:g}") + (
+                    "" if gla_input == "auto" else f" {gla_input} inputs"
+                )
+                backends = {"attn": attn, "kan": kan, "gla_input": gla_input}
+                rows.append((f"{label} {attn}/{kan}{suffix}", name, kwargs, backends, budget))
     return rows
 
 
@@ -401,7 +405,7 @@ def compare(args: argparse.Namespace, out: Path) -> list[dict]:
         for mode in args.compile_modes:  # modes outside: a run cut short keeps both models of the first modes
             for label, name, kwargs, backends, budget in compared_variants(size, args):
                 row = {"label": label, "model": name, "pair": size, "compile": mode}
-                row |= {"attn": backends.get("attn"), "kan": backends.get("kan"), "activation_memory_budget": budget}
+                row |= {k: backends.get(k) for k in ("attn", "kan", "gla_input")} | {"activation_memory_budget": budget}
                 row |= {"batch": args.batch, "img_size": args.img_size, "device": args.device}
                 start = time.perf_counter()
                 try:
@@ -470,6 +474,13 @@ def main() -> None:
     parser.add_argument("--compare", action="store_true", help="LKAT vs ViT, eager and compiled, profiled (issue 19)")
     parser.add_argument(
         "--kan", nargs="+", default=["auto"], help="--compare: LKAT's KAN backends (auto: 'traced' when compiled)"
+    )
+    parser.add_argument(
+        "--gla-input",
+        nargs="+",
+        default=["auto"],
+        choices=["auto", "fused", "torch"],
+        help="--compare: LKAT's GLA input paths (models.attention.INPUT_MODES; auto: the fused kernel on CUDA)",
     )
     parser.add_argument("--compile-modes", nargs="+", default=["eager", "default"], choices=COMPILE_MODES)
     parser.add_argument("--tiny", action="store_true", help="--compare lkat_micro with a ViT of its size")

@@ -15,9 +15,13 @@ from torch import nn
 
 from lkat_lens.kernels.dtypes import autocast_dtype, compute_dtype
 from lkat_lens.kernels.gla import gated_linear_attention, implicit_attention
+from lkat_lens.kernels.gla_input import gla_input
+from lkat_lens.kernels.gla_input import supports as fused_input_supports
 
 from .hooks import HookPoint
 from .rope import make_rope
+
+INPUT_MODES = ("auto", "fused", "torch")
 
 
 class ShortConvolution(nn.Conv1d):
@@ -64,6 +68,11 @@ class VisionGLA(nn.Module):
     Parameter names follow fla's GatedLinearAttention as the reference uses it: q/k (and the forget gate) have
     key_dim = dim * expand_k channels, v and the output gate value_dim = dim * expand_v; `use_short_conv` adds
     the depthwise causal convs (`conv_size` taps) on q, k and v; `rope_mode` picks the reference's RoPE layout.
+
+    `input_mode` (INPUT_MODES) is how q, k and v go from their projections to the GLA: "torch" runs the modules
+    (q_conv1d, q_norm, rotary, ...); "fused" runs each of q, k, v through one kernel (`kernels.gla_input`: the
+    same computation in fp32, stored once); "auto" is "fused" on CUDA and "torch" elsewhere. While a forward
+    (pre-)hook sits on one of those modules, the modules run, whatever the mode, so that the hook fires.
     """
 
     def __init__(
@@ -91,7 +100,7 @@ class VisionGLA(nn.Module):
                 f"{expand_v}) must be divisible by num_heads {num_heads}"
             )
         self.num_heads, self.head_dim, self.head_v_dim = num_heads, key_dim // num_heads, value_dim // num_heads
-        self.gate_logit_normalizer, self.mode = gate_logit_normalizer, mode
+        self.gate_logit_normalizer, self.mode, self.input_mode = gate_logit_normalizer, mode, "auto"
         self.q_proj = nn.Linear(dim, key_dim, bias=False)
         self.k_proj = nn.Linear(dim, key_dim, bias=False)
         self.v_proj = nn.Linear(dim, value_dim, bias=False)
@@ -132,14 +141,41 @@ class VisionGLA(nn.Module):
         y = F.linear(x, torch.cat([m.weight for m in linears]))
         return y.split([m.out_features for m in linears], dim=-1)
 
+    def input_modules(self) -> tuple[nn.Module, ...]:
+        """The modules between the projections and the GLA (convolutions, q/k norms, RoPE)."""
+        return (self.q_conv1d, self.k_conv1d, self.v_conv1d, self.q_norm, self.k_norm, self.rotary)
+
+    def fuses_inputs(self, x: torch.Tensor) -> bool:
+        """Whether q, k and v of this input (a projection output [B, T, D]) take the fused kernel (see input_mode)."""
+        if self.input_mode not in INPUT_MODES:
+            raise ValueError(f"input_mode must be one of {INPUT_MODES}, got {self.input_mode!r}")
+        if self.input_mode == "torch" or (self.input_mode == "auto" and not x.is_cuda):
+            return False
+        hooked = any(m._forward_hooks or m._forward_pre_hooks for m in self.input_modules())
+        convs = all(isinstance(c, ShortConvolution) for c in self.input_modules()[:3])
+        return convs and not hooked and fused_input_supports(x, self.num_heads, rope=True)
+
+    def inputs(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        """q, k, v [B, T, H, *] from their projections: short convolutions and SiLU, q/k RMSNorm and RoPE."""
+        if self.fuses_inputs(q):
+            cos, sin = self.rotary.channel_tables(q.shape[1])
+            q_norm, k_norm, H = self.q_norm, self.k_norm, self.num_heads
+            return (
+                gla_input(q, self.q_conv1d.weight, q_norm.weight, cos, sin, heads=H, eps=q_norm.eps),
+                gla_input(k, self.k_conv1d.weight, k_norm.weight, cos, sin, heads=H, eps=k_norm.eps),
+                gla_input(v, self.v_conv1d.weight, heads=H),
+            )
+        heads, v_heads = (self.num_heads, self.head_dim), (self.num_heads, self.head_v_dim)
+        q = self.rotary(self.q_norm(self.q_conv1d(q).unflatten(-1, heads)))
+        k = self.rotary(self.k_norm(self.k_conv1d(k).unflatten(-1, heads)))
+        return q, k, self.v_conv1d(v).unflatten(-1, v_heads)
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         heads, v_heads = (self.num_heads, self.head_dim), (self.num_heads, self.head_v_dim)
         q, k, v, g, gate_code = self.project(x)
-        q = self.q_conv1d(q).unflatten(-1, heads)
-        k = self.k_conv1d(k).unflatten(-1, heads)
-        v = self.hook_v(self.v_conv1d(v).unflatten(-1, v_heads))
-        q = self.hook_q(self.rotary(self.q_norm(q)))
-        k = self.hook_k(self.rotary(self.k_norm(k)))
+        q, k, v = self.inputs(q, k, v)
+        v = self.hook_v(v)
+        q, k = self.hook_q(q), self.hook_k(k)
         with torch.autocast(x.device.type, enabled=False):  # gate logits in fp32 from the small low-rank code
             gate_logits = self.gk_proj[1](gate_code.to(torch.promote_types(gate_code.dtype, torch.float32)))
         gk = F.logsigmoid(gate_logits).unflatten(-1, heads) / self.gate_logit_normalizer

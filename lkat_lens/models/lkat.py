@@ -13,7 +13,7 @@ import torch
 from timm.layers import DropPath, RmsNorm
 from torch import nn
 
-from .attention import VisionGLA, VisionMHSA
+from .attention import INPUT_MODES, VisionGLA, VisionMHSA
 from .flat_vit import FlatViT
 from .hooks import HookPoint
 from .kan import KAN, KANLayer
@@ -168,12 +168,17 @@ class LKAT(FlatViT):
             layout["cls"] = slice(n + r, n + r + 1)
         return layout
 
-    def set_backends(self, attn: str | None = None, kan: str | None = None) -> LKAT:
-        """Choose the GLA mode (kernels.gla.MODES: auto/chunk/fused_recurrent/short/torch) and the KAN layers'
-        kernel backend (kernels.kan_linear.BACKENDS: auto/torch/triton/fused)."""
+    def set_backends(self, attn: str | None = None, kan: str | None = None, gla_input: str | None = None) -> LKAT:
+        """Choose the GLA mode (kernels.gla.MODES: auto/chunk/fused_recurrent/short/torch), the KAN layers'
+        kernel backend (kernels.kan_linear.BACKENDS: auto/torch/triton/fused) and GLA's input path
+        (models.attention.INPUT_MODES: auto/fused/torch)."""
+        if gla_input is not None and gla_input not in INPUT_MODES:
+            raise ValueError(f"gla_input must be one of {INPUT_MODES}, got {gla_input!r}")
         for module in self.modules():
             if attn is not None and isinstance(module, VisionGLA):
                 module.mode = attn
+            if gla_input is not None and isinstance(module, VisionGLA):
+                module.input_mode = gla_input
             if kan is not None and isinstance(module, KANLayer):
                 module.kernel_backend = kan
         return self

@@ -50,11 +50,17 @@ class Rope2D(nn.Module):
         self.register_buffer("sin", angles.sin()[None, :, None, :], persistent=False)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        n = _check_length(x, self.num_patches)
+        n = _check_length(x.shape[1], self.num_patches)
         patches = x[:, :n].float().unflatten(-1, (-1, 2))
         even, odd = patches.unbind(-1)
         rotated = torch.stack([even * self.cos - odd * self.sin, even * self.sin + odd * self.cos], dim=-1)
         return torch.cat([rotated.flatten(-2).to(x.dtype), x[:, n:]], dim=1)
+
+    def channel_tables(self, length: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """This rotation as x * cos + turn(x) * sin (see `channel_tables`): each pair's angle on both its channels."""
+        return channel_tables(
+            self.cos[0, :, 0].repeat_interleave(2, -1), self.sin[0, :, 0].repeat_interleave(2, -1), length
+        )
 
 
 class Rope2DV0(nn.Module):
@@ -71,12 +77,26 @@ class Rope2DV0(nn.Module):
         self.register_buffer("freqs_sin", sin)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        n = _check_length(x, self.num_patches)
+        n = _check_length(x.shape[1], self.num_patches)
         patches = x[:, :n].float()
         even, odd = patches.unflatten(-1, (-1, 2)).unbind(-1)
         turned = torch.stack([-odd, even], dim=-1).flatten(-2)
         rotated = patches * self.freqs_cos[:, None, :] + turned * self.freqs_sin[:, None, :]
         return torch.cat([rotated.to(x.dtype), x[:, n:]], dim=1)
+
+    def channel_tables(self, length: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """This rotation as x * cos + turn(x) * sin (see `channel_tables`): the stored tables."""
+        return channel_tables(self.freqs_cos, self.freqs_sin, length)
+
+
+def channel_tables(cos: torch.Tensor, sin: torch.Tensor, length: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Tables [length, head_dim] (fp32, or fp64 from fp64 ones) of a rotation x -> x * cos + turn(x) * sin (turn:
+    (x_0, x_1, ...) -> (-x_1, x_0, ...)) from the patches' tables [H*W, head_dim]; the rows past the patches leave
+    tokens unchanged (cos 1, sin 0). Both layouts' forward is this rotation; the fused GLA input kernel takes these."""
+    n = _check_length(length, cos.shape[0])
+    dtype = torch.promote_types(cos.dtype, torch.float32)
+    rest = cos.new_zeros(length - n, cos.shape[1], dtype=dtype)
+    return torch.cat([cos.to(dtype), rest + 1.0]), torch.cat([sin.to(dtype), rest])
 
 
 def make_rope(mode: str, grid: tuple[int, int], head_dim: int, theta: float = 10000.0) -> nn.Module:
@@ -86,7 +106,8 @@ def make_rope(mode: str, grid: tuple[int, int], head_dim: int, theta: float = 10
     return (Rope2D if mode == "2dv1" else Rope2DV0)(grid, head_dim, theta)
 
 
-def _check_length(x: torch.Tensor, n: int) -> int:
-    if x.shape[1] < n:
-        raise ValueError(f"sequence of {x.shape[1]} tokens is shorter than the {n} patches")
+def _check_length(length: int, n: int) -> int:
+    """n, the patch count, unless a sequence of `length` tokens is shorter."""
+    if length < n:
+        raise ValueError(f"sequence of {length} tokens is shorter than the {n} patches")
     return n
