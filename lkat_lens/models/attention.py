@@ -25,7 +25,8 @@ INPUT_MODES = ("auto", "fused", "torch")
 
 
 class ShortConvolution(nn.Conv1d):
-    """Depthwise causal Conv1d over tokens followed by SiLU (fla's ShortConvolution parameters).
+    """Depthwise causal Conv1d over tokens followed by SiLU (fla's ShortConvolution parameters). On CUDA VisionGLA
+    usually reads only its weight, for the fused input kernel (`VisionGLA.inputs`).
 
     Eager, it runs as Conv1d. While torch.compile traces it, it is the same sum written as `taps` shifted
     multiply-adds in the [B, T, D] layout (`shifted_taps`), which inductor fuses with the SiLU and what follows

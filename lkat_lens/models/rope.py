@@ -5,6 +5,8 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from lkat_lens.kernels.gla_input import turn
+
 ROPE_MODES = ("2dv1", "2dv0")
 
 
@@ -79,9 +81,7 @@ class Rope2DV0(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         n = _check_length(x.shape[1], self.num_patches)
         patches = x[:, :n].float()
-        even, odd = patches.unflatten(-1, (-1, 2)).unbind(-1)
-        turned = torch.stack([-odd, even], dim=-1).flatten(-2)
-        rotated = patches * self.freqs_cos[:, None, :] + turned * self.freqs_sin[:, None, :]
+        rotated = patches * self.freqs_cos[:, None, :] + turn(patches) * self.freqs_sin[:, None, :]
         return torch.cat([rotated.to(x.dtype), x[:, n:]], dim=1)
 
     def channel_tables(self, length: int) -> tuple[torch.Tensor, torch.Tensor]:

@@ -117,9 +117,10 @@ def test_compiled_lkat_bf16_matches_eager(lkat_setup, attn, kan):
 def test_compiled_lkat_fp32_equals_eager(lkat_setup, kan):
     """In fp32 with TF32 off (cuDNN's too: it is on by default, and eager and inductor may run the patch
     embedding's convolution through different algorithms) the compiled model equals the eager one to fp32
-    rounding; with kan="auto" the compiled model takes the traced KAN path and the shifted-tap convolutions."""
+    rounding; with kan="auto" the compiled model takes the traced KAN path, and with the GLA inputs through the
+    modules (gla_input="torch") the shifted-tap convolutions."""
     model, x, y = lkat_setup
-    model = copy.deepcopy(model).set_backends(attn="fused_recurrent", kan=kan)
+    model = copy.deepcopy(model).set_backends(attn="fused_recurrent", kan=kan, gla_input="torch")
     with torch.backends.cudnn.flags(enabled=True, allow_tf32=False):
         eager = step(model, x, y, torch.float32)
         compiled = step(model, x, y, torch.float32, "default")
