@@ -30,7 +30,7 @@ def layer_and_inputs(model: str, batch: int, seed: int = 0):
     and bf16 gradients for q, k, v."""
     lkat = lkat_lens.create_model(model, num_classes=10)
     attn = lkat.blocks[0].attn.cuda()
-    linears = (attn.q_proj, attn.k_proj, attn.v_proj, attn.g_proj, attn.gk_proj[0])
+    linears = attn.projections()
     tokens = lkat.embed(torch.zeros(1, 3, *lkat.patch_embed.img_size)).shape[1]
     gen = torch.Generator(device="cuda").manual_seed(seed)
     width = sum(m.out_features for m in linears)

@@ -74,6 +74,17 @@ def _turn(y, BT: tl.constexpr, BD: tl.constexpr):
 
 
 @triton.jit
+def _program_tile(H, DH: tl.constexpr, BD: tl.constexpr, BT: tl.constexpr):
+    """This program's (row block, batch * head) indices, sequence i_b, rows, head columns c (0..BD), their mask
+    and their columns in the [B, T, D] tensors."""
+    i_t, i_bh = tl.program_id(0), tl.program_id(1)
+    i_b, i_h = (i_bh // H).to(tl.int64), i_bh % H
+    rows = i_t * BT + tl.arange(0, BT)
+    c = tl.arange(0, BD)
+    return i_t, i_bh, i_b, rows, c, c < DH, i_h * DH + c
+
+
+@triton.jit
 def _rows_of(x_ptr, sx0, sx1, sx2, i_b, src, cols, col_ok, T):
     """Rows `src` (zero outside [0, T)) and columns `cols` of sequence i_b of a [B, T, D] tensor, as fp32."""
     ok = ((src >= 0) & (src < T))[:, None] & col_ok[None, :]
@@ -82,15 +93,31 @@ def _rows_of(x_ptr, sx0, sx1, sx2, i_b, src, cols, col_ok, T):
 
 
 @triton.jit
-def _preactivation(
-    x_ptr, sx0, sx1, sx2, w_ptr, i_b, rows, cols, col_ok, T, TAPS: tl.constexpr, BT: tl.constexpr, BD: tl.constexpr
-):
-    """u [BT, BD] = the causal depthwise convolution of x at `rows`, columns `cols` (w is [D, TAPS] contiguous)."""
-    u = tl.zeros((BT, BD), dtype=tl.float32)
+def _store_rows(ptr, s0, s1, s2, i_b, rows, cols, col_ok, T, value):
+    """Write value into rows `rows` (those before T) and columns `cols` of sequence i_b, in the tensor's dtype."""
+    offs = i_b * s0 + rows[:, None] * s1 + cols[None, :] * s2
+    tl.store(ptr + offs, value.to(ptr.dtype.element_ty), mask=(rows < T)[:, None] & col_ok[None, :])
+
+
+@triton.jit
+def _table(ptr, rows, c, col_ok, T, DH: tl.constexpr):
+    """Rows `rows` of a rotary table [T, DH] (fp32, contiguous)."""
+    return tl.load(ptr + rows[:, None] * DH + c[None, :], mask=(rows < T)[:, None] & col_ok[None, :], other=0.0)
+
+
+@triton.jit
+def _taps(
+    x_ptr, sx0, sx1, sx2, w_ptr, i_b, rows, cols, col_ok, T,
+    TAPS: tl.constexpr, TRANSPOSED: tl.constexpr, BT: tl.constexpr, BD: tl.constexpr,
+):  # fmt: skip
+    """sum_j w[:, j] * x_{t - TAPS + 1 + j} at `rows`, columns `cols`: the causal depthwise convolution; TRANSPOSED,
+    sum_j w[:, j] * x_{t + TAPS - 1 - j}, its transpose (w is [D, TAPS] contiguous)."""
+    acc = tl.zeros((BT, BD), dtype=tl.float32)
     for j in tl.static_range(TAPS):
         w = tl.load(w_ptr + cols * TAPS + j, mask=col_ok, other=0.0).to(tl.float32)
-        u += _rows_of(x_ptr, sx0, sx1, sx2, i_b, rows - (TAPS - 1 - j), cols, col_ok, T) * w[None, :]
-    return u
+        shift = (TAPS - 1 - j) if TRANSPOSED else (j - (TAPS - 1))
+        acc += _rows_of(x_ptr, sx0, sx1, sx2, i_b, rows + shift, cols, col_ok, T) * w[None, :]
+    return acc
 
 
 @triton.jit
@@ -106,23 +133,15 @@ def _fwd_kernel(
     BT: tl.constexpr,
 ):  # fmt: skip
     """The output of BT rows of one (batch, head); so* are the output's [B, T, D] strides."""
-    i_t, i_bh = tl.program_id(0), tl.program_id(1)
-    i_b, i_h = (i_bh // H).to(tl.int64), i_bh % H
-    rows = i_t * BT + tl.arange(0, BT)
-    c = tl.arange(0, BD)
-    col_ok = c < DH
-    cols = i_h * DH + c
-    u = _preactivation(x_ptr, sx0, sx1, sx2, w_ptr, i_b, rows, cols, col_ok, T, TAPS, BT, BD)
+    i_t, i_bh, i_b, rows, c, col_ok, cols = _program_tile(H, DH, BD, BT)
+    u = _taps(x_ptr, sx0, sx1, sx2, w_ptr, i_b, rows, cols, col_ok, T, TAPS, False, BT, BD)
     y = u * tl.sigmoid(u)
     if NORM:
         y = y * _inv_rms(y, eps, DH)[:, None] * tl.load(nw_ptr + c, mask=col_ok, other=0.0).to(tl.float32)[None, :]
     if ROPE:
-        table = rows[:, None] * DH + c[None, :]
-        ok = (rows < T)[:, None] & col_ok[None, :]
-        cos = tl.load(cos_ptr + table, mask=ok, other=0.0)
-        y = y * cos + _turn(y, BT, BD) * tl.load(sin_ptr + table, mask=ok, other=0.0)
-    offs = i_b * so0 + rows[:, None] * so1 + cols[None, :] * so2
-    tl.store(out_ptr + offs, y.to(out_ptr.dtype.element_ty), mask=(rows < T)[:, None] & col_ok[None, :])
+        cos, sin = _table(cos_ptr, rows, c, col_ok, T, DH), _table(sin_ptr, rows, c, col_ok, T, DH)
+        y = y * cos + _turn(y, BT, BD) * sin
+    _store_rows(out_ptr, so0, so1, so2, i_b, rows, cols, col_ok, T, y)
 
 
 @triton.jit
@@ -134,22 +153,15 @@ def _bwd_pre_kernel(
     """du (fp32, [B, T, D] contiguous) of BT rows of one (batch, head), with this program's partial sums of the
     convolution weight gradient (dw_ptr [D, TAPS, row blocks * B]) and of the norm weight's (dnw_ptr [DH, programs]):
     partials last, so that the host sums contiguous rows. sd* are the output gradient's [B, T, D] strides."""
-    i_t, i_bh = tl.program_id(0), tl.program_id(1)
+    i_t, i_bh, i_b, rows, c, col_ok, cols = _program_tile(H, DH, BD, BT)
     blocks, programs = tl.num_programs(0), tl.num_programs(0) * tl.num_programs(1)
-    i_b, i_h = (i_bh // H).to(tl.int64), i_bh % H
-    rows = i_t * BT + tl.arange(0, BT)
-    c = tl.arange(0, BD)
-    col_ok = c < DH
-    cols = i_h * DH + c
-    u = _preactivation(x_ptr, sx0, sx1, sx2, w_ptr, i_b, rows, cols, col_ok, T, TAPS, BT, BD)
+    u = _taps(x_ptr, sx0, sx1, sx2, w_ptr, i_b, rows, cols, col_ok, T, TAPS, False, BT, BD)
     s = tl.sigmoid(u)
     y = u * s
     dm = _rows_of(do_ptr, sd0, sd1, sd2, i_b, rows, cols, col_ok, T)
     if ROPE:
-        table = rows[:, None] * DH + c[None, :]
-        ok = (rows < T)[:, None] & col_ok[None, :]
-        sin = tl.load(sin_ptr + table, mask=ok, other=0.0)
-        dm = dm * tl.load(cos_ptr + table, mask=ok, other=0.0) - _turn(dm * sin, BT, BD)
+        cos, sin = _table(cos_ptr, rows, c, col_ok, T, DH), _table(sin_ptr, rows, c, col_ok, T, DH)
+        dm = dm * cos - _turn(dm * sin, BT, BD)
     if NORM:
         r = _inv_rms(y, eps, DH)[:, None]
         n = y * r
@@ -157,7 +169,7 @@ def _bwd_pre_kernel(
         dn = dm * tl.load(nw_ptr + c, mask=col_ok, other=0.0).to(tl.float32)[None, :]
         dm = r * (dn - n * (tl.sum(dn * n, axis=1) / DH)[:, None])
     du = dm * (s + y * (1.0 - s))
-    tl.store(du_ptr + i_b * T * D + rows[:, None] * D + cols[None, :], du, mask=(rows < T)[:, None] & col_ok[None, :])
+    _store_rows(du_ptr, T * D, D, 1, i_b, rows, cols, col_ok, T, du)
     slots = blocks * (tl.num_programs(1) // H)  # (row block, sequence) pairs
     for j in tl.static_range(TAPS):
         x = _rows_of(x_ptr, sx0, sx1, sx2, i_b, rows - (TAPS - 1 - j), cols, col_ok, T)
@@ -171,18 +183,9 @@ def _bwd_input_kernel(
     du_ptr, w_ptr, dx_ptr, T, H, D, DH: tl.constexpr, BD: tl.constexpr, TAPS: tl.constexpr, BT: tl.constexpr
 ):
     """dx_t = sum_j w[:, j] * du_{t + TAPS - 1 - j} for BT rows of one (batch, head); du and dx [B, T, D] contiguous."""
-    i_t, i_bh = tl.program_id(0), tl.program_id(1)
-    i_b, i_h = (i_bh // H).to(tl.int64), i_bh % H
-    rows = i_t * BT + tl.arange(0, BT)
-    c = tl.arange(0, BD)
-    col_ok = c < DH
-    cols = i_h * DH + c
-    dx = tl.zeros((BT, BD), dtype=tl.float32)
-    for j in tl.static_range(TAPS):
-        w = tl.load(w_ptr + cols * TAPS + j, mask=col_ok, other=0.0).to(tl.float32)
-        dx += _rows_of(du_ptr, T * D, D, 1, i_b, rows + (TAPS - 1 - j), cols, col_ok, T) * w[None, :]
-    tl.store(dx_ptr + i_b * T * D + rows[:, None] * D + cols[None, :], dx.to(dx_ptr.dtype.element_ty),
-             mask=(rows < T)[:, None] & col_ok[None, :])  # fmt: skip
+    i_t, i_bh, i_b, rows, c, col_ok, cols = _program_tile(H, DH, BD, BT)
+    dx = _taps(du_ptr, T * D, D, 1, w_ptr, i_b, rows, cols, col_ok, T, TAPS, True, BT, BD)
+    _store_rows(dx_ptr, T * D, D, 1, i_b, rows, cols, col_ok, T, dx)
 
 
 _KEY = ["DH", "TAPS", "NORM", "ROPE"]
@@ -208,14 +211,14 @@ def _launch(kernel_name: str, kernel, rows_per_program: int | None, B: int, T: i
         _autotuned(kernel_name)[lambda m: (triton.cdiv(T, m["BT"]), B * H)](*args, **meta)
 
 
-def _meta(x: torch.Tensor, conv_weight: torch.Tensor, heads: int, norm: bool, rope: bool) -> dict:
+def _operands(x, conv_weight, norm_weight, cos, sin, heads: int) -> tuple[tuple[torch.Tensor, ...], dict]:
+    """The kernels' weight operands (the conv weight [D, TAPS], then the optional ones as contiguous fp32 tensors,
+    x itself as a placeholder where absent: never read) and their constexpr meta-parameters."""
+    weight = conv_weight.reshape(x.shape[-1], -1).contiguous()
+    optional = tuple(x if t is None else t.float().contiguous() for t in (norm_weight, cos, sin))
     head_dim = x.shape[-1] // heads
-    return dict(DH=head_dim, BD=triton.next_power_of_2(head_dim), TAPS=conv_weight.shape[-1], NORM=norm, ROPE=rope)
-
-
-def _tables(norm_weight, cos, sin, x: torch.Tensor) -> tuple[torch.Tensor, ...]:
-    """The optional operands as contiguous fp32 tensors (x itself as a placeholder where absent: never read)."""
-    return tuple(x if t is None else t.float().contiguous() for t in (norm_weight, cos, sin))
+    meta = dict(DH=head_dim, BD=triton.next_power_of_2(head_dim), TAPS=weight.shape[-1])
+    return (weight, *optional), meta | dict(NORM=norm_weight is not None, ROPE=cos is not None)
 
 
 def gla_input_fwd(x, conv_weight, norm_weight, cos, sin, heads: int, eps: float) -> torch.Tensor:
@@ -223,10 +226,8 @@ def gla_input_fwd(x, conv_weight, norm_weight, cos, sin, heads: int, eps: float)
     B, T, D = x.shape
     out = torch.empty(B, T, heads, D // heads, dtype=x.dtype, device=x.device)
     if out.numel():
-        weight = conv_weight.reshape(D, -1).contiguous()
-        nw, cs, sn = _tables(norm_weight, cos, sin, x)
-        meta = _meta(x, conv_weight, heads, norm_weight is not None, cos is not None)
-        args = (x, weight, nw, cs, sn, out, *x.stride(), *out.flatten(2).stride(), T, heads, eps)
+        weights, meta = _operands(x, conv_weight, norm_weight, cos, sin, heads)
+        args = (x, *weights, out, *x.stride(), *out.flatten(2).stride(), T, heads, eps)
         _launch("forward", _fwd_kernel, None, B, T, heads, *args, **meta)
     return out
 
@@ -242,14 +243,12 @@ def gla_input_bwd(x, conv_weight, norm_weight, cos, sin, do, heads: int, eps: fl
     dnw = torch.empty(D // heads, blocks * B * heads if norm else 0, dtype=torch.float32, device=x.device)
     dx = torch.empty(B, T, D, dtype=x.dtype, device=x.device)
     if du.numel():  # else the empty partials sum to zero gradients
-        weight = conv_weight.reshape(D, -1).contiguous()
-        nw, cs, sn = _tables(norm_weight, cos, sin, x)
-        meta = _meta(x, conv_weight, heads, norm, cos is not None)
+        weights, meta = _operands(x, conv_weight, norm_weight, cos, sin, heads)
         strides = (*x.stride(), *do.flatten(2).stride())
-        args = (x, weight, nw, cs, sn, do.flatten(2), du, dw, dnw, *strides, T, heads, D, eps)
+        args = (x, *weights, do.flatten(2), du, dw, dnw, *strides, T, heads, D, eps)
         _launch("backward", _bwd_pre_kernel, _BWD_ROWS, B, T, heads, *args, **meta)
         meta = {k: meta[k] for k in ("DH", "BD", "TAPS")}
-        _launch("input", _bwd_input_kernel, _BWD_ROWS, B, T, heads, du, weight, dx, T, heads, D, **meta)
+        _launch("input", _bwd_input_kernel, _BWD_ROWS, B, T, heads, du, weights[0], dx, T, heads, D, **meta)
     d_conv = dw.sum(-1).reshape(conv_weight.shape).to(conv_weight.dtype)
     d_norm = dnw.sum(-1).to(norm_weight.dtype) if norm else dnw.new_empty(0, D // heads)
     return dx, d_conv, d_norm

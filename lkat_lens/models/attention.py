@@ -24,6 +24,12 @@ from .rope import make_rope
 INPUT_MODES = ("auto", "fused", "torch")
 
 
+def check_input_mode(mode: str) -> None:
+    """Raise unless `mode` is one of INPUT_MODES."""
+    if mode not in INPUT_MODES:
+        raise ValueError(f"gla_input must be one of {INPUT_MODES} (VisionGLA.input_mode), got {mode!r}")
+
+
 class ShortConvolution(nn.Conv1d):
     """Depthwise causal Conv1d over tokens followed by SiLU (fla's ShortConvolution parameters). On CUDA VisionGLA
     usually reads only its weight, for the fused input kernel (`VisionGLA.inputs`).
@@ -134,11 +140,15 @@ class VisionGLA(nn.Module):
         pattern = self.hook_pattern(implicit_attention(q, k, gk, scale=self.scale))
         return (pattern @ v.transpose(1, 2).to(pattern.dtype)).transpose(1, 2).to(v.dtype)
 
+    def projections(self) -> tuple[nn.Linear, ...]:
+        """The Linears `project` stacks, in its order: q, k, v, the output gate g, the gate's low-rank code."""
+        return (self.q_proj, self.k_proj, self.v_proj, self.g_proj, self.gk_proj[0])
+
     def project(self, x: torch.Tensor) -> tuple[torch.Tensor, ...]:
         """x through q_proj, k_proj, v_proj, g_proj and the gate's first (low-rank) Linear as one matmul with their
         stacked weights: the same products, but one GEMM and (under autocast) one cast of x instead of five, and
         x's gradient summed inside the GEMM's fp32 accumulation."""
-        linears = (self.q_proj, self.k_proj, self.v_proj, self.g_proj, self.gk_proj[0])
+        linears = self.projections()
         y = F.linear(x, torch.cat([m.weight for m in linears]))
         return y.split([m.out_features for m in linears], dim=-1)
 
@@ -148,12 +158,11 @@ class VisionGLA(nn.Module):
 
     def fuses_inputs(self, x: torch.Tensor) -> bool:
         """Whether q, k and v of this input (a projection output [B, T, D]) take the fused kernel (see input_mode)."""
-        if self.input_mode not in INPUT_MODES:
-            raise ValueError(f"input_mode must be one of {INPUT_MODES}, got {self.input_mode!r}")
+        check_input_mode(self.input_mode)
         if self.input_mode == "torch" or (self.input_mode == "auto" and not x.is_cuda):
             return False
         hooked = any(m._forward_hooks or m._forward_pre_hooks for m in self.input_modules())
-        convs = all(isinstance(c, ShortConvolution) for c in self.input_modules()[:3])
+        convs = all(isinstance(c, ShortConvolution) for c in (self.q_conv1d, self.k_conv1d, self.v_conv1d))
         return convs and not hooked and fused_input_supports(x, self.num_heads, rope=True)
 
     def inputs(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, ...]:

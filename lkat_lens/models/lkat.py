@@ -13,7 +13,7 @@ import torch
 from timm.layers import DropPath, RmsNorm
 from torch import nn
 
-from .attention import INPUT_MODES, VisionGLA, VisionMHSA
+from .attention import VisionGLA, VisionMHSA, check_input_mode
 from .flat_vit import FlatViT
 from .hooks import HookPoint
 from .kan import KAN, KANLayer
@@ -172,13 +172,14 @@ class LKAT(FlatViT):
         """Choose the GLA mode (kernels.gla.MODES: auto/chunk/fused_recurrent/short/torch), the KAN layers'
         kernel backend (kernels.kan_linear.BACKENDS: auto/torch/triton/fused) and GLA's input path
         (models.attention.INPUT_MODES: auto/fused/torch)."""
-        if gla_input is not None and gla_input not in INPUT_MODES:
-            raise ValueError(f"gla_input must be one of {INPUT_MODES}, got {gla_input!r}")
+        if gla_input is not None:
+            check_input_mode(gla_input)
         for module in self.modules():
-            if attn is not None and isinstance(module, VisionGLA):
-                module.mode = attn
-            if gla_input is not None and isinstance(module, VisionGLA):
-                module.input_mode = gla_input
+            if isinstance(module, VisionGLA):
+                if attn is not None:
+                    module.mode = attn
+                if gla_input is not None:
+                    module.input_mode = gla_input
             if kan is not None and isinstance(module, KANLayer):
                 module.kernel_backend = kan
         return self
