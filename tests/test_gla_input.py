@@ -21,33 +21,35 @@ from lkat_lens.models.rope import make_rope
 
 OUTPUTS = ("out", "dx", "d_conv", "d_norm")
 TOL = {"float32": 1e-5, "bfloat16": 2e-2}
-# id -> (B, T, H, DH, norm, rope, dtype, layout); "model" is x as a column slice of a wider projection output
+# id -> (B, T, H, DH, norm, rope, dtype, layout, taps); "model" is x as a column slice of a wider projection output
 CASES = {
-    f"B{B}-T{T}-H{H}-D{DH}-{'norm' if norm else 'plain'}-{'rope' if rope else 'norope'}-{dtype}-{layout}": (
-        B, T, H, DH, norm, rope, dtype, layout
+    f"B{B}-T{T}-H{H}-D{DH}-{'norm' if norm else 'plain'}-{'rope' if rope else 'norope'}-{dtype}-{layout}-taps{taps}": (
+        B, T, H, DH, norm, rope, dtype, layout, taps
     )
-    for B, T, H, DH, norm, rope, dtype, layout in [
-        (2, 1, 2, 16, True, True, "float32", "contiguous"),
-        (2, 3, 3, 12, True, True, "float32", "model"),  # T shorter than the taps, head dim not a power of two
-        (2, 37, 2, 16, True, True, "float32", "model"),  # ragged row blocks
-        (1, 70, 2, 64, False, False, "float32", "model"),  # v's path
-        (2, 33, 2, 32, True, False, "float32", "contiguous"),
-        (2, 40, 2, 64, True, True, "bfloat16", "model"),
-        (3, 21, 1, 48, False, False, "bfloat16", "contiguous"),
+    for B, T, H, DH, norm, rope, dtype, layout, taps in [
+        (2, 1, 2, 16, True, True, "float32", "contiguous", 4),
+        (2, 3, 3, 12, True, True, "float32", "model", 4),  # T shorter than the taps, head dim not a power of two
+        (2, 37, 2, 16, True, True, "float32", "model", 4),  # ragged row blocks
+        (1, 70, 2, 64, False, False, "float32", "model", 4),  # v's path, three row blocks
+        (2, 33, 2, 32, True, False, "float32", "contiguous", 4),
+        (2, 58, 2, 16, True, True, "float32", "model", 7),  # a wider halo (6 rows) across three row blocks
+        (2, 30, 1, 16, False, False, "float32", "contiguous", 1),  # no halo
+        (2, 40, 2, 64, True, True, "bfloat16", "model", 4),
+        (3, 21, 1, 48, False, False, "bfloat16", "contiguous", 4),
     ]
 }  # fmt: skip
 
 
-def make_case(B: int, T: int, H: int, DH: int, norm: bool, rope: bool, dtype: torch.dtype, layout: str, seed: int = 0):
-    """(x, conv weight, norm weight or None, cos, sin, output gradient)."""
-    gen = torch.Generator().manual_seed(seed)
+def make_case(B: int, T: int, H: int, DH: int, norm: bool, rope: bool, dtype: torch.dtype, layout: str, taps: int = 4):
+    """(x, conv weight [D, 1, taps], norm weight or None, cos, sin, output gradient)."""
+    gen = torch.Generator().manual_seed(0)
     D = H * DH
     x = (
         torch.randn(B, T, 3 * D, generator=gen)[..., D : 2 * D]
         if layout == "model"
         else torch.randn(B, T, D, generator=gen)
     )
-    weight = torch.randn(D, 1, 4, generator=gen) * 0.5
+    weight = torch.randn(D, 1, taps, generator=gen) * 0.5
     norm_weight = torch.randn(DH, generator=gen) + 1.0 if norm else None
     angles = torch.randn(T, DH // 2, generator=gen)
     cos, sin = (angles.cos().repeat_interleave(2, -1), angles.sin().repeat_interleave(2, -1)) if rope else (None, None)
@@ -73,8 +75,8 @@ def _fp64(fn):
 
 def _measure_case(case: tuple) -> dict:
     """Errors of the kernels against the fp64 reference, and whether dtypes, shapes and values are right."""
-    B, T, H, DH, norm, rope, dtype_name, layout = case
-    x, weight, norm_weight, cos, sin, do = make_case(B, T, H, DH, norm, rope, getattr(torch, dtype_name), layout)
+    B, T, H, DH, norm, rope, dtype_name, layout, taps = case
+    x, weight, norm_weight, cos, sin, do = make_case(B, T, H, DH, norm, rope, getattr(torch, dtype_name), layout, taps)
     got = outputs_and_grads(gla_input.gla_input, x, weight, norm_weight, cos, sin, do, H)
     ref = outputs_and_grads(_fp64(gla_input.gla_input_reference), x, weight, norm_weight, cos, sin, do, H)
     errors = {name: rel_err(g, r) for name, g, r in zip(OUTPUTS, got, ref, strict=False)}
@@ -210,6 +212,8 @@ def test_input_validation() -> None:
         gla_input.gla_input(x, weight, cos=torch.ones(5, 16), heads=2)
     with pytest.raises(ValueError, match="rotary tables"):
         gla_input.gla_input(x, weight, cos=torch.ones(4, 16), sin=torch.ones(4, 16), heads=2)
+    with pytest.raises(ValueError, match=f"1 to {gla_input.MAX_TAPS} convolution taps"):
+        gla_input.gla_input(x, torch.zeros(32, 1, gla_input.MAX_TAPS + 1), heads=2)
     with pytest.raises(ValueError, match="gla_input must be one of"):
         lkat_lens.create_model("lkat_micro", num_classes=10).set_backends(gla_input="fast")
 

@@ -9,10 +9,12 @@ of DH = D / H channels, and optionally an RMSNorm weight [DH] and per-channel ro
 Both 2D RoPE layouts (models/rope.py) are this rotation with their own tables; rows past the patches have cos 1
 and sin 0. Everything is computed in fp32 and stored once in x's dtype: no intermediate is written.
 
-The backward is two kernels. The first recomputes u from x, takes the output gradient back through the rotation
-(turn^T = -turn), the norm and the SiLU to du = dL/du (fp32), and writes per-program partial sums of the
-convolution and norm weight gradients (summed on the host in a fixed order: deterministic, no atomics). The
-second is the transposed convolution dx_t = sum_j w[:, j] * du_{t + TAPS - 1 - j}. Only x is saved.
+The backward is one kernel. A program recomputes u from x on a tile of BT rows, takes the output gradient back
+through the rotation (turn^T = -turn), the norm and the SiLU to du = dL/du (fp32, in registers), and applies the
+transposed convolution dx_t = sum_j w[:, j] * du_{t + TAPS - 1 - j} by shifting rows of that tile: it owns (writes dx
+and weight-gradient partials for) the first BT - TAPS + 1 rows, the last TAPS - 1 are the halo its rows need, so du
+never goes to memory. The per-program partial sums of the convolution and norm weight gradients are summed on the
+host in a fixed order (deterministic, no atomics). Only x is saved.
 
 On CUDA the kernels are autotuned over warps (the forward also over row tiles); with TRITON_INTERPRET=1 in the
 environment before triton is first imported they run on CPU tensors with a fixed configuration. The op is a torch
@@ -33,9 +35,11 @@ from .dtypes import compute_dtype
 
 INTERPRET = os.environ.get("TRITON_INTERPRET", "0") == "1"
 INPUT_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
-# Rows per program of the backward kernels (fixed: it sets the number of weight-gradient partials).
+# Rows per program of the backward kernel, halo included (fixed: it sets the number of weight-gradient partials).
 _BWD_ROWS = 32
 _INTERP_ROWS = 16
+# The widest convolution the kernels take (the backward's halo of TAPS - 1 rows stays under half its tile).
+MAX_TAPS = _BWD_ROWS // 2
 
 
 def turn(y: torch.Tensor) -> torch.Tensor:
@@ -74,12 +78,12 @@ def _turn(y, BT: tl.constexpr, BD: tl.constexpr):
 
 
 @triton.jit
-def _program_tile(H, DH: tl.constexpr, BD: tl.constexpr, BT: tl.constexpr):
-    """This program's (row block, batch * head) indices, sequence i_b, rows, head columns c (0..BD), their mask
-    and their columns in the [B, T, D] tensors."""
+def _program_tile(H, DH: tl.constexpr, BD: tl.constexpr, BT: tl.constexpr, STEP: tl.constexpr):
+    """This program's (row block, batch * head) indices, sequence i_b, its BT rows (blocks start STEP rows apart),
+    head columns c (0..BD), their mask and their columns in the [B, T, D] tensors."""
     i_t, i_bh = tl.program_id(0), tl.program_id(1)
     i_b, i_h = (i_bh // H).to(tl.int64), i_bh % H
-    rows = i_t * BT + tl.arange(0, BT)
+    rows = i_t * STEP + tl.arange(0, BT)
     c = tl.arange(0, BD)
     return i_t, i_bh, i_b, rows, c, c < DH, i_h * DH + c
 
@@ -106,18 +110,30 @@ def _table(ptr, rows, c, col_ok, T, DH: tl.constexpr):
 
 
 @triton.jit
-def _taps(
-    x_ptr, sx0, sx1, sx2, w_ptr, i_b, rows, cols, col_ok, T,
-    TAPS: tl.constexpr, TRANSPOSED: tl.constexpr, BT: tl.constexpr, BD: tl.constexpr,
-):  # fmt: skip
-    """sum_j w[:, j] * x_{t - TAPS + 1 + j} at `rows`, columns `cols`: the causal depthwise convolution; TRANSPOSED,
-    sum_j w[:, j] * x_{t + TAPS - 1 - j}, its transpose (w is [D, TAPS] contiguous)."""
+def _tap_weight(w_ptr, cols, col_ok, j: tl.constexpr, TAPS: tl.constexpr):
+    """Tap j of the convolution weight [D, TAPS] (contiguous) at columns `cols`, as fp32 [BD]."""
+    return tl.load(w_ptr + cols * TAPS + j, mask=col_ok, other=0.0).to(tl.float32)
+
+
+@triton.jit
+def _conv(
+    x_ptr, sx0, sx1, sx2, w_ptr, i_b, rows, cols, col_ok, T, TAPS: tl.constexpr, BT: tl.constexpr, BD: tl.constexpr
+):
+    """u_t = sum_j w[:, j] * x_{t - TAPS + 1 + j} at `rows`, columns `cols`: the causal depthwise convolution."""
     acc = tl.zeros((BT, BD), dtype=tl.float32)
     for j in tl.static_range(TAPS):
-        w = tl.load(w_ptr + cols * TAPS + j, mask=col_ok, other=0.0).to(tl.float32)
-        shift = (TAPS - 1 - j) if TRANSPOSED else (j - (TAPS - 1))
-        acc += _rows_of(x_ptr, sx0, sx1, sx2, i_b, rows + shift, cols, col_ok, T) * w[None, :]
+        x = _rows_of(x_ptr, sx0, sx1, sx2, i_b, rows + (j - (TAPS - 1)), cols, col_ok, T)
+        acc += x * _tap_weight(w_ptr, cols, col_ok, j, TAPS)[None, :]
     return acc
+
+
+@triton.jit
+def _rows_ahead(tile, shift: tl.constexpr, BT: tl.constexpr, BD: tl.constexpr):
+    """Row r + shift of a [BT, BD] tile at each row r (rows past the tile read its last row)."""
+    if shift == 0:
+        return tile
+    source = tl.minimum(tl.arange(0, BT) + shift, BT - 1)
+    return tl.gather(tile, tl.broadcast_to(source[:, None], (BT, BD)), axis=0)
 
 
 @triton.jit
@@ -133,8 +149,8 @@ def _fwd_kernel(
     BT: tl.constexpr,
 ):  # fmt: skip
     """The output of BT rows of one (batch, head); so* are the output's [B, T, D] strides."""
-    i_t, i_bh, i_b, rows, c, col_ok, cols = _program_tile(H, DH, BD, BT)
-    u = _taps(x_ptr, sx0, sx1, sx2, w_ptr, i_b, rows, cols, col_ok, T, TAPS, False, BT, BD)
+    i_t, i_bh, i_b, rows, c, col_ok, cols = _program_tile(H, DH, BD, BT, BT)
+    u = _conv(x_ptr, sx0, sx1, sx2, w_ptr, i_b, rows, cols, col_ok, T, TAPS, BT, BD)
     y = u * tl.sigmoid(u)
     if NORM:
         y = y * _inv_rms(y, eps, DH)[:, None] * tl.load(nw_ptr + c, mask=col_ok, other=0.0).to(tl.float32)[None, :]
@@ -145,17 +161,20 @@ def _fwd_kernel(
 
 
 @triton.jit
-def _bwd_pre_kernel(
-    x_ptr, w_ptr, nw_ptr, cos_ptr, sin_ptr, do_ptr, du_ptr, dw_ptr, dnw_ptr, sx0, sx1, sx2, sd0, sd1, sd2, T, H, D,
+def _bwd_kernel(
+    x_ptr, w_ptr, nw_ptr, cos_ptr, sin_ptr, do_ptr, dx_ptr, dw_ptr, dnw_ptr, sx0, sx1, sx2, sd0, sd1, sd2, T, H, D,
     eps, DH: tl.constexpr, BD: tl.constexpr, TAPS: tl.constexpr, NORM: tl.constexpr, ROPE: tl.constexpr,
     BT: tl.constexpr,
 ):  # fmt: skip
-    """du (fp32, [B, T, D] contiguous) of BT rows of one (batch, head), with this program's partial sums of the
-    convolution weight gradient (dw_ptr [D, TAPS, row blocks * B]) and of the norm weight's (dnw_ptr [DH, programs]):
-    partials last, so that the host sums contiguous rows. sd* are the output gradient's [B, T, D] strides."""
-    i_t, i_bh, i_b, rows, c, col_ok, cols = _program_tile(H, DH, BD, BT)
+    """dx ([B, T, D] contiguous) of the BT - TAPS + 1 rows of one (batch, head) this program owns, with its partial
+    sums of the convolution weight gradient (dw_ptr [D, TAPS, row blocks * B]) and of the norm weight's (dnw_ptr
+    [DH, programs]): partials last, so that the host sums contiguous rows. sd* are the output gradient's [B, T, D]
+    strides. du is computed on all BT rows (zero past T, where the output gradient is zero)."""
+    OWN: tl.constexpr = BT - (TAPS - 1)
+    i_t, i_bh, i_b, rows, c, col_ok, cols = _program_tile(H, DH, BD, BT, OWN)
     blocks, programs = tl.num_programs(0), tl.num_programs(0) * tl.num_programs(1)
-    u = _taps(x_ptr, sx0, sx1, sx2, w_ptr, i_b, rows, cols, col_ok, T, TAPS, False, BT, BD)
+    owned = (tl.arange(0, BT) < OWN)[:, None]
+    u = _conv(x_ptr, sx0, sx1, sx2, w_ptr, i_b, rows, cols, col_ok, T, TAPS, BT, BD)
     s = tl.sigmoid(u)
     y = u * s
     dm = _rows_of(do_ptr, sd0, sd1, sd2, i_b, rows, cols, col_ok, T)
@@ -165,27 +184,21 @@ def _bwd_pre_kernel(
     if NORM:
         r = _inv_rms(y, eps, DH)[:, None]
         n = y * r
-        tl.store(dnw_ptr + c * programs + i_t * tl.num_programs(1) + i_bh, tl.sum(dm * n, axis=0), mask=col_ok)
+        d_norm = tl.sum(tl.where(owned, dm * n, 0.0), axis=0)
+        tl.store(dnw_ptr + c * programs + i_t * tl.num_programs(1) + i_bh, d_norm, mask=col_ok)
         dn = dm * tl.load(nw_ptr + c, mask=col_ok, other=0.0).to(tl.float32)[None, :]
         dm = r * (dn - n * (tl.sum(dn * n, axis=1) / DH)[:, None])
     du = dm * (s + y * (1.0 - s))
-    _store_rows(du_ptr, T * D, D, 1, i_b, rows, cols, col_ok, T, du)
+    du_owned = tl.where(owned, du, 0.0)
     slots = blocks * (tl.num_programs(1) // H)  # (row block, sequence) pairs
+    dx = tl.zeros((BT, BD), dtype=tl.float32)
     for j in tl.static_range(TAPS):
         x = _rows_of(x_ptr, sx0, sx1, sx2, i_b, rows - (TAPS - 1 - j), cols, col_ok, T)
-        tl.store(
-            dw_ptr + (cols * TAPS + j) * slots + i_t * (slots // blocks) + i_b, tl.sum(du * x, axis=0), mask=col_ok
-        )
-
-
-@triton.jit
-def _bwd_input_kernel(
-    du_ptr, w_ptr, dx_ptr, T, H, D, DH: tl.constexpr, BD: tl.constexpr, TAPS: tl.constexpr, BT: tl.constexpr
-):
-    """dx_t = sum_j w[:, j] * du_{t + TAPS - 1 - j} for BT rows of one (batch, head); du and dx [B, T, D] contiguous."""
-    i_t, i_bh, i_b, rows, c, col_ok, cols = _program_tile(H, DH, BD, BT)
-    dx = _taps(du_ptr, T * D, D, 1, w_ptr, i_b, rows, cols, col_ok, T, TAPS, True, BT, BD)
-    _store_rows(dx_ptr, T * D, D, 1, i_b, rows, cols, col_ok, T, dx)
+        d_tap = tl.sum(du_owned * x, axis=0)
+        tl.store(dw_ptr + (cols * TAPS + j) * slots + i_t * (slots // blocks) + i_b, d_tap, mask=col_ok)
+        dx += _rows_ahead(du, TAPS - 1 - j, BT, BD) * _tap_weight(w_ptr, cols, col_ok, j, TAPS)[None, :]
+    owned_end = tl.minimum(T, i_t * OWN + OWN)
+    _store_rows(dx_ptr, T * D, D, 1, i_b, rows, cols, col_ok, owned_end, dx)
 
 
 _KEY = ["DH", "TAPS", "NORM", "ROPE"]
@@ -193,22 +206,21 @@ _KEY = ["DH", "TAPS", "NORM", "ROPE"]
 
 @functools.cache
 def _autotuned(kernel_name: str) -> triton.runtime.KernelInterface:
-    """A kernel autotuned on CUDA: the forward over (row tile, warps), the backward kernels over warps."""
+    """A kernel autotuned on CUDA: the forward over (row tile, warps), the backward over warps."""
     if kernel_name == "forward":
         configs = [triton.Config({"BT": bt}, num_warps=w) for bt in (16, 32, 64) for w in (2, 4)]
         return triton.autotune(configs=configs, key=_KEY)(_fwd_kernel)
     configs = [triton.Config({"BT": _BWD_ROWS}, num_warps=w) for w in (2, 4, 8)]
-    kernel = _bwd_pre_kernel if kernel_name == "backward" else _bwd_input_kernel
-    return triton.autotune(configs=configs, key=["DH", "TAPS"] if kernel_name == "input" else _KEY)(kernel)
+    return triton.autotune(configs=configs, key=_KEY)(_bwd_kernel)
 
 
-def _launch(kernel_name: str, kernel, rows_per_program: int | None, B: int, T: int, H: int, *args, **meta) -> None:
-    """Launch over (row blocks, B * H): the interpreter with a fixed tile, CUDA autotuned."""
+def _launch(kernel_name: str, kernel, rows_per_program: int | None, blocks, B: int, H: int, *args, **meta) -> None:
+    """Launch over (blocks(BT) row blocks, B * H): the interpreter with a fixed tile, CUDA autotuned."""
     if INTERPRET:
         bt = rows_per_program or _INTERP_ROWS
-        kernel[(triton.cdiv(T, bt), B * H)](*args, BT=bt, **meta)
+        kernel[(blocks(bt), B * H)](*args, BT=bt, **meta)
     else:
-        _autotuned(kernel_name)[lambda m: (triton.cdiv(T, m["BT"]), B * H)](*args, **meta)
+        _autotuned(kernel_name)[lambda m: (blocks(m["BT"]), B * H)](*args, **meta)
 
 
 def _operands(x, conv_weight, norm_weight, cos, sin, heads: int) -> tuple[tuple[torch.Tensor, ...], dict]:
@@ -228,7 +240,7 @@ def gla_input_fwd(x, conv_weight, norm_weight, cos, sin, heads: int, eps: float)
     if out.numel():
         weights, meta = _operands(x, conv_weight, norm_weight, cos, sin, heads)
         args = (x, *weights, out, *x.stride(), *out.flatten(2).stride(), T, heads, eps)
-        _launch("forward", _fwd_kernel, None, B, T, heads, *args, **meta)
+        _launch("forward", _fwd_kernel, None, lambda bt: triton.cdiv(T, bt), B, heads, *args, **meta)
     return out
 
 
@@ -237,29 +249,26 @@ def gla_input_bwd(x, conv_weight, norm_weight, cos, sin, do, heads: int, eps: fl
     B, T, D = x.shape
     taps = conv_weight.shape[-1]
     norm = norm_weight is not None
-    blocks = triton.cdiv(T, _BWD_ROWS)
-    du = torch.empty(B, T, D, dtype=torch.float32, device=x.device)
+    blocks = triton.cdiv(T, _BWD_ROWS - (taps - 1))
     dw = torch.empty(D, taps, blocks * B, dtype=torch.float32, device=x.device)
     dnw = torch.empty(D // heads, blocks * B * heads if norm else 0, dtype=torch.float32, device=x.device)
     dx = torch.empty(B, T, D, dtype=x.dtype, device=x.device)
-    if du.numel():  # else the empty partials sum to zero gradients
+    if dx.numel():  # else the empty partials sum to zero gradients
         weights, meta = _operands(x, conv_weight, norm_weight, cos, sin, heads)
         strides = (*x.stride(), *do.flatten(2).stride())
-        args = (x, *weights, do.flatten(2), du, dw, dnw, *strides, T, heads, D, eps)
-        _launch("backward", _bwd_pre_kernel, _BWD_ROWS, B, T, heads, *args, **meta)
-        meta = {k: meta[k] for k in ("DH", "BD", "TAPS")}
-        _launch("input", _bwd_input_kernel, _BWD_ROWS, B, T, heads, du, weights[0], dx, T, heads, D, **meta)
+        args = (x, *weights, do.flatten(2), dx, dw, dnw, *strides, T, heads, D, eps)
+        _launch("backward", _bwd_kernel, _BWD_ROWS, lambda bt: blocks, B, heads, *args, **meta)
     d_conv = dw.sum(-1).reshape(conv_weight.shape).to(conv_weight.dtype)
     d_norm = dnw.sum(-1).to(norm_weight.dtype) if norm else dnw.new_empty(0, D // heads)
     return dx, d_conv, d_norm
 
 
-def supports(x: torch.Tensor, heads: int, rope: bool) -> bool:
+def supports(x: torch.Tensor, heads: int, rope: bool, taps: int) -> bool:
     """Whether the kernels take this input: a 16/32-bit [B, T, D] on CUDA (or the interpreter), D = heads * DH with
-    DH even for RoPE."""
+    DH even for RoPE, a convolution of at most MAX_TAPS taps."""
     if x.dim() != 3 or x.dtype not in INPUT_DTYPES or x.shape[-1] % heads or not (x.is_cuda or INTERPRET):
         return False
-    return not rope or (x.shape[-1] // heads) % 2 == 0
+    return 1 <= taps <= MAX_TAPS and (not rope or (x.shape[-1] // heads) % 2 == 0)
 
 
 @torch.library.custom_op("lkat_lens::gla_input", mutates_args=())
@@ -339,9 +348,10 @@ def gla_input(
     head_dim = x.shape[-1] // max(heads, 1)
     if cos is not None and (cos.shape != (x.shape[1], head_dim) or sin.shape != cos.shape):
         raise ValueError(f"rotary tables must be [T, head dim] = {(x.shape[1], head_dim)}, got {tuple(cos.shape)}")
-    if not supports(x, heads, cos is not None):
+    if not supports(x, heads, cos is not None, conv_weight.shape[-1]):
         raise ValueError(
             f"gla_input needs a [B, T, D] tensor in {INPUT_DTYPES} on CUDA (or the Triton interpreter) with D "
-            f"divisible by heads ({heads}), heads of even width for RoPE; got {tuple(x.shape)} {x.dtype} on {x.device}"
+            f"divisible by heads ({heads}), heads of even width for RoPE, and 1 to {MAX_TAPS} convolution taps; got "
+            f"{tuple(x.shape)} {x.dtype} on {x.device}, {conv_weight.shape[-1]} taps"
         )
     return _gla_input_op(x, conv_weight, norm_weight, cos, sin, heads, float(eps))

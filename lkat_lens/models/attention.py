@@ -162,8 +162,11 @@ class VisionGLA(nn.Module):
         if self.input_mode == "torch" or (self.input_mode == "auto" and not x.is_cuda):
             return False
         hooked = any(m._forward_hooks or m._forward_pre_hooks for m in self.input_modules())
-        convs = all(isinstance(c, ShortConvolution) for c in (self.q_conv1d, self.k_conv1d, self.v_conv1d))
-        return convs and not hooked and fused_input_supports(x, self.num_heads, rope=True)
+        convs = (self.q_conv1d, self.k_conv1d, self.v_conv1d)
+        if hooked or not all(isinstance(c, ShortConvolution) for c in convs):
+            return False
+        taps = max(c.weight.shape[-1] for c in convs)
+        return fused_input_supports(x, self.num_heads, rope=True, taps=taps)
 
     def inputs(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, ...]:
         """q, k, v [B, T, H, *] from their projections: short convolutions and SiLU, q/k RMSNorm and RoPE."""
