@@ -7,14 +7,12 @@ torch's scaled_dot_product_attention on the same heads ([B, H, T, D], not causal
 Each GLA row also gets its largest error against the fp64 recurrence (on a smaller batch). Every time is taken
 twice: called from Python (the host's dispatch included, which at these sizes is most of it) and replayed as a CUDA
 graph (the GPU's time, as in a model trained under CUDA graphs); the ratios to SDPA are the graph times'.
-With --backward-tiles, the short kernel's backward alone is also timed (graph replays) at each number of V tiles
-per (batch, head), beside the count `gla_short.backward_tiles` picks for the shape. Writes JSON and prints markdown.
+Writes JSON and prints a markdown table.
 """
 
 from __future__ import annotations
 
 import argparse
-import functools
 from collections.abc import Callable
 from pathlib import Path
 
@@ -23,7 +21,6 @@ import torch.nn.functional as F
 from bench_model import time_ms  # benchmarks/ is the script folder
 from common import dated_result_path, environment, write_result
 
-from lkat_lens.kernels import gla_short
 from lkat_lens.kernels.gla import gated_linear_attention, gla_recurrent
 
 GLA_MODES = ("chunk", "fused_recurrent", "short")
@@ -107,7 +104,6 @@ def main() -> None:
     parser.add_argument("--warmup", type=int, default=5)
     parser.add_argument("--iters", type=int, default=20)
     parser.add_argument("--lengths", nargs="*", type=int, default=[], help="also time chunk vs short at these T")
-    parser.add_argument("--backward-tiles", nargs="*", type=int, default=[], help="time the short backward at these")
     parser.add_argument("--out", type=Path, default=None)
     args = parser.parse_args()
     shape = (args.batch, args.tokens, args.heads, args.head_dim)
@@ -126,9 +122,7 @@ def main() -> None:
             row[f"{key}_x_sdpa"] = row[f"{key}_ms"] / base[f"{key}_ms"]
         row.update(env)
     lengths = length_sweep(args) if args.lengths else []
-    tiles = backward_tiles(args, inputs, small)
-    result = {"sublayer": rows, "lengths": lengths, "backward_tiles": tiles}
-    write_result(args.out or dated_result_path("bench_gla", env), result)
+    write_result(args.out or dated_result_path("bench_gla", env), {"sublayer": rows, "lengths": lengths})
     print(f"GLA sublayer, B T H D = {shape}, bf16 (gates fp32); errors on batch {args.error_batch}")
     print(
         "| op | fwd ms | fwd+bwd ms | fwd ms, graph | fwd+bwd ms, graph | fwd × SDPA, graph | fwd+bwd × SDPA, graph "
@@ -144,29 +138,6 @@ def main() -> None:
         )
     if lengths:
         print_lengths(lengths)
-    if tiles:
-        print(f"\nshort backward alone, graph replays (backward_tiles picks {tiles[0]['picked']} here)")
-        print("| V tiles | ms | max rel err (dq, dk, dv, dgk) |\n|---|---|---|")
-        for r in tiles:
-            print(f"| {r['tiles']} | {r['ms']:.3f} | {', '.join(f'{e:.1e}' for e in r['max_rel_err_vs_fp64'])} |")
-
-
-def backward_tiles(args: argparse.Namespace, inputs: list[torch.Tensor], small: list[torch.Tensor]) -> list[dict]:
-    """ms of gla_short_bwd alone (graph replays) at each --backward-tiles count, with its largest errors against the
-    fp64 recurrence's gradients on the error batch."""
-    B, T, H, K = inputs[0].shape
-    picked = gla_short.backward_tiles(B, H, inputs[2].shape[-1])
-    leaves = [x.detach().clone().requires_grad_() for x in small[:4]]
-    o = gla_recurrent(*(x.double() for x in leaves))[0]
-    ref = torch.autograd.grad(o, leaves, small[4].double())
-    rows = []
-    for tiles in args.backward_tiles:
-        step = functools.partial(gla_short.gla_short_bwd, *inputs, K**-0.5, tiles=tiles)
-        got = gla_short.gla_short_bwd(*small, K**-0.5, tiles=tiles)
-        errors = [((g.double() - r).abs().max() / r.abs().max()).item() for g, r in zip(got, ref, strict=True)]
-        ms = time_ms(graphed(step), args.warmup, args.iters)
-        rows.append({"tiles": tiles, "picked": picked, "ms": ms, "max_rel_err_vs_fp64": errors})
-    return rows
 
 
 def length_sweep(args: argparse.Namespace) -> list[dict]:

@@ -42,14 +42,14 @@ def forward(q, k, v, gk, warps: int, cap: int | None):
 
 
 def backward(q, k, v, gk, do, warps: int, cap: int | None):
-    """The backward kernel at one (warps, register cap), one V tile: ((dq, dk, dv, dg), compiled kernel)."""
+    """The backward kernel at one (warps, register cap): ((dq, dk, dv, dg), compiled kernel)."""
     B, T, H, K = q.shape
     dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
     dg = torch.empty(gk.shape, dtype=torch.float32, device=q.device)
     strides = (q.stride(), k.stride(), v.stride(), gk.stride(), do.stride(), dg.stride(), dv.stride())
-    compiled = gla_short._gla_short_bwd_kernel[(B * H, 1)](
-        q, k, v, gk, do, dq, dk, dv, dg, *strides, T, H, K**-0.5, B * H, q.numel(), K=K, V=v.shape[-1],
-        BV=v.shape[-1], PRECISION="tf32", num_warps=warps, num_stages=1, **_cap(cap),
+    compiled = gla_short._gla_short_bwd_kernel[(B * H,)](
+        q, k, v, gk, do, dq, dk, dv, dg, *strides, T, H, K**-0.5, B * H, K=K, V=v.shape[-1], PRECISION="tf32",
+        num_warps=warps, num_stages=1, **_cap(cap),
     )  # fmt: skip
     return (dq, dk, dv, dg), compiled
 

@@ -14,13 +14,11 @@ s < r <= t: both factors are <= 1 for any gates, nothing can overflow, and each 
 The diagonal (decay 1) is a row-wise sum. Every tl.dot takes fp32 operands with fp32 accumulation: TF32
 for 16-bit inputs, exact products when q, k and v are all fp32.
 
-The backward is one program per (batch, head, V tile). A forward walk recomputes the states and writes the
+The backward is one program per (batch, head). A forward walk recomputes the states and writes the
 inter-chunk part of dq into the fp32 gate-gradient buffer; a reverse walk carries dS (the gradient of
 the state) in registers, adds the intra-chunk parts of dq and dk, and forms the gate gradient from the
 identity dL/dG_t = q_t * dq_t - k_t * dk_t (G = cumsum of gk), so dgk is its reverse cumsum over t.
-dv is whole in each tile's columns; dq, dk and dgk are sums over the V tiles of what each tile computes (all
-three are linear in do v^T, S and dS), so with several tiles each writes fp32 partials that one more kernel
-sums in a fixed order. Only q, k, v and gk are saved for the backward.
+Only q, k, v and gk are saved for the backward.
 
 On CUDA the kernels are autotuned; with TRITON_INTERPRET=1 in the environment before triton is first
 imported they run on CPU tensors through the Triton interpreter with a fixed configuration. The op is a
@@ -39,11 +37,8 @@ CHUNK: tl.constexpr = tl.constexpr(16)
 LEVELS: tl.constexpr = tl.constexpr(4)  # log2(CHUNK)
 HEAD_DIMS = (16, 32, 64, 128)
 INPUT_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
-# Interpreter launch: V tiles of at most this width, so that the V-tiled grids run.
+# Interpreter launch: V tiles of at most this width, so that the V-tiled grid runs.
 _INTERP_BLOCK_V = 32
-# The backward splits V in two below this many (batch, head) programs (measured: benchmarks/bench_gla.py).
-BACKWARD_SPLIT_BELOW = 1024
-_SUM_BLOCK = 1024
 
 
 @triton.jit
@@ -129,21 +124,18 @@ def _gla_short_fwd_kernel(
 @triton.jit
 def _gla_short_bwd_kernel(
     q_ptr, k_ptr, v_ptr, g_ptr, do_ptr, dq_ptr, dk_ptr, dv_ptr, dg_ptr, sq, sk, sv, sg, sdo, sgk, sgv, T, H, scale,
-    programs, tile_stride, K: tl.constexpr, V: tl.constexpr, BV: tl.constexpr, PRECISION: tl.constexpr,
+    programs, K: tl.constexpr, V: tl.constexpr, PRECISION: tl.constexpr,
 ):  # fmt: skip
-    """dv in the columns of one (batch * head, V tile), and that tile's share of dq, dk and the fp32 dgk (written
-    tile_stride elements after the previous tile's). dq, dk and dg share the strides sgk, dv has sgv."""
-    i_bh, i_v = tl.program_id(0), tl.program_id(1)
+    """dq, dk, dv and the fp32 dgk of one (batch * head). dq, dk and dg share the strides sgk, dv has sgv."""
+    i_bh = tl.program_id(0)
     i_b, i_h = (i_bh // H).to(tl.int64), (i_bh % H).to(tl.int64)
-    share = i_v.to(tl.int64) * tile_stride
-    dq_ptr, dk_ptr, dg_ptr = dq_ptr + share, dk_ptr + share, dg_ptr + share
     rt = tl.arange(0, CHUNK)
     ck = tl.arange(0, K)
-    cv = i_v * BV + tl.arange(0, BV)
+    cv = tl.arange(0, V)
     diagonal = rt[:, None] == rt[None, :]
 
     # Forward walk: the inter-chunk part of dq (w.r.t. the scaled q) = exp(b) * (do @ S^T), kept in dg.
-    state = tl.zeros([K, BV], dtype=tl.float32)
+    state = tl.zeros([K, V], dtype=tl.float32)
     for t0 in range(0, T, CHUNK):
         rows = t0 + rt
         k = _tile(k_ptr, sk, i_b, i_h, rows, ck, T)
@@ -155,7 +147,7 @@ def _gla_short_bwd_kernel(
     tl.debug_barrier()  # the reverse walk reads what every thread of this program wrote above
 
     # Reverse walk with dS, the gradient of the state that enters the later chunks.
-    d_state = tl.zeros([K, BV], dtype=tl.float32)
+    d_state = tl.zeros([K, V], dtype=tl.float32)
     later = tl.zeros([K], dtype=tl.float32)  # sum over the later rows of q * dq - k * dk
     n_chunks = tl.cdiv(T, CHUNK)
     for i in range(0, n_chunks):
@@ -199,36 +191,17 @@ def _forward_configs(V: int) -> list[triton.Config]:
     return [triton.Config({"BV": bv}, num_warps=w, num_stages=s, maxnreg=r or None) for bv, w, s, r in sorted(tiles)]
 
 
-def _backward_configs(BV: int) -> list[triton.Config]:
-    """Autotune candidates of the backward: warps (the [K, BV] gradient state sits in registers)."""
-    return [triton.Config({}, num_warps=w, num_stages=1) for w in ((4, 8) if BV <= 64 else (8, 16))]
-
-
-@triton.jit
-def _sum_tiles(ptr, out, offs, mask, n, TILES: tl.constexpr):
-    """out[offs] = the sum of the TILES fp32 shares ptr[i * n + offs], in tile order, in out's dtype."""
-    total = tl.load(ptr + offs, mask=mask, other=0.0)
-    for i in tl.static_range(1, TILES):
-        total += tl.load(ptr + i * n + offs, mask=mask, other=0.0)
-    tl.store(out + offs, total.to(out.dtype.element_ty), mask=mask)
-
-
-@triton.jit
-def _sum_tiles_kernel(dq_ptr, dk_ptr, dg_ptr, dq_out, dk_out, dg_out, n, TILES: tl.constexpr, BLOCK: tl.constexpr):
-    """dq, dk and dgk (in their outputs' dtypes) from the V tiles' fp32 shares, each [TILES, n]."""
-    offs = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
-    mask = offs < n
-    _sum_tiles(dq_ptr, dq_out, offs, mask, n, TILES)
-    _sum_tiles(dk_ptr, dk_out, offs, mask, n, TILES)
-    _sum_tiles(dg_ptr, dg_out, offs, mask, n, TILES)
+def _backward_configs(V: int) -> list[triton.Config]:
+    """Autotune candidates of the backward: warps (the whole [K, V] gradient state sits in registers)."""
+    return [triton.Config({}, num_warps=w, num_stages=1) for w in ((4, 8) if V <= 64 else (8, 16))]
 
 
 @functools.cache
 def _autotuned(backward: bool, V: int) -> triton.runtime.KernelInterface:
-    """The CUDA kernel autotuned over its configurations, keyed on K, V (the backward: its tile BV), the operand
-    dtypes and `programs` (_programs): how many programs share the SMs decides which register budget wins."""
+    """The CUDA kernel autotuned over its configurations, keyed on K, V, the operand dtypes and `programs`
+    (_programs): how many programs share the SMs decides which register budget wins."""
     if backward:
-        return triton.autotune(configs=_backward_configs(V), key=["K", "BV", "programs"])(_gla_short_bwd_kernel)
+        return triton.autotune(configs=_backward_configs(V), key=["K", "V", "programs"])(_gla_short_bwd_kernel)
     return triton.autotune(configs=_forward_configs(V), key=["K", "V", "programs"])(_gla_short_fwd_kernel)
 
 
@@ -278,46 +251,22 @@ def gla_short_fwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, gk: torch.T
     return o
 
 
-def backward_tiles(B: int, H: int, V: int) -> int:
-    """How many V tiles the backward splits each (batch, head) into: 2 where B * H programs alone leave the SMs
-    short of work (BACKWARD_SPLIT_BELOW), else 1; under the interpreter always tiles of at most 32 columns, so the
-    tests cover both."""
-    if INTERPRET:
-        return max(1, V // _INTERP_BLOCK_V)
-    return 2 if V >= 32 and B * H < BACKWARD_SPLIT_BELOW else 1
-
-
 def gla_short_bwd(
-    q: torch.Tensor,
-    k: torch.Tensor,
-    v: torch.Tensor,
-    gk: torch.Tensor,
-    do: torch.Tensor,
-    scale: float,
-    tiles: int | None = None,
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, gk: torch.Tensor, do: torch.Tensor, scale: float
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-    """(dq, dk, dv, dgk) for the output gradient do, each in its operand's dtype, contiguous; `tiles` V tiles per
-    (batch, head) (a power of two dividing V; default backward_tiles)."""
+    """(dq, dk, dv, dgk) for the output gradient do, each in its operand's dtype, contiguous."""
     B, T, H, K = q.shape
-    V = v.shape[-1]
-    tiles = backward_tiles(B, H, V) if tiles is None else tiles
-    if V % tiles or tiles & (tiles - 1):
-        raise ValueError(f"backward V tiles must be a power of two dividing V={V}, got {tiles}")
     dq, dk = torch.empty(q.shape, dtype=q.dtype, device=q.device), torch.empty(k.shape, dtype=k.dtype, device=q.device)
     dv = torch.empty(v.shape, dtype=v.dtype, device=q.device)
-    dg = torch.empty(gk.shape, dtype=torch.float32 if tiles == 1 else gk.dtype, device=q.device)
-    if not (dg.numel() and dv.numel()):
-        return dq.zero_(), dk.zero_(), dv.zero_(), dg.zero_().to(gk.dtype)
-    # One tile writes dq, dk and the fp32 dg itself; several write fp32 shares [tiles, B, T, H, K] summed below.
-    shares = (dq, dk, dg) if tiles == 1 else torch.empty(3, tiles, *q.shape, dtype=torch.float32, device=q.device)
-    strides = (q.stride(), k.stride(), v.stride(), gk.stride(), do.stride(), shares[0].stride()[-4:], dv.stride())
-    args = (q, k, v, gk, do, shares[0], shares[1], dv, shares[2], *strides, T, H, scale, _programs(B, H), q.numel())
-    meta = dict(K=K, V=V, BV=V // tiles, PRECISION=_precision(q, k, v))
-    kernel = _gla_short_bwd_kernel if INTERPRET else _autotuned(True, V // tiles)
-    kernel[(B * H, tiles)](*args, **meta)
-    if tiles > 1:
-        n = q.numel()
-        _sum_tiles_kernel[(triton.cdiv(n, _SUM_BLOCK),)](*shares, dq, dk, dg, n, TILES=tiles, BLOCK=_SUM_BLOCK)
+    dg = torch.empty(gk.shape, dtype=torch.float32, device=q.device)
+    if dg.numel() and dv.numel():
+        strides = (q.stride(), k.stride(), v.stride(), gk.stride(), do.stride(), dg.stride(), dv.stride())
+        args = (q, k, v, gk, do, dq, dk, dv, dg, *strides, T, H, scale, _programs(B, H))
+        meta = dict(K=K, V=v.shape[-1], PRECISION=_precision(q, k, v))
+        kernel = _gla_short_bwd_kernel if INTERPRET else _autotuned(True, v.shape[-1])
+        kernel[(B * H,)](*args, **meta)
+    else:
+        dq.zero_(), dk.zero_(), dv.zero_(), dg.zero_()
     return dq, dk, dv, dg.to(gk.dtype)
 
 

@@ -8,7 +8,7 @@ import torch.nn.functional as F
 
 import lkat_lens
 from lkat_lens.kernels.gla import gated_linear_attention, gla_recurrent
-from lkat_lens.kernels.gla_short import gla_short, gla_short_bwd
+from lkat_lens.kernels.gla_short import gla_short
 
 pytestmark = [
     pytest.mark.gpu,
@@ -77,17 +77,6 @@ def test_lkat_s_shape_no_less_exact_than_fla(dtype: torch.dtype, fla_mode: str) 
 def test_lengths_match_recurrence(dtype: torch.dtype, T: int) -> None:
     result = errors(mode("short"), make_inputs(B=2, T=T, H=4, K=64, V=64, dtype=dtype, seed=T))
     assert all(result[name][0] < TOL[dtype] for name in NAMES), result
-
-
-@pytest.mark.parametrize(("V", "tiles"), [(64, 1), (64, 2), (128, 1), (128, 2), (128, 4)])
-def test_backward_v_tiles_match_recurrence(V: int, tiles: int) -> None:
-    """The backward split into V tiles (shares summed by the second kernel) at LKAT-S's length, in fp32."""
-    q, k, v, gk, do = make_inputs(B=8, T=201, H=6, K=64, V=V, dtype=torch.float32, seed=V + tiles)
-    ref = output_and_grads(lambda *x: gla_recurrent(*(t.double() for t in x))[0], q, k, v, gk, do.double())[1:]
-    got = gla_short_bwd(q, k, v, gk, do, q.shape[-1] ** -0.5, tiles=tiles)
-    for name, g, r in zip(NAMES[1:], got, ref, strict=True):
-        assert g.dtype == torch.float32 and g.shape == r.shape, name
-        assert ((g.double() - r).abs().max() / r.abs().max()).item() < TOL[torch.float32], name
 
 
 def test_conv_layout_v_gives_identical_results() -> None:
