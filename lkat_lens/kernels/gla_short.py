@@ -3,10 +3,14 @@
 Layout is fla's: q, k, gk [B, T, H, K], v [B, T, H, V], gk the log forget gate (<= 0), any strides.
 o_t = scale * S_t^T q_t with S_t = diag(exp(gk_t)) S_{t-1} + k_t v_t^T (see `kernels.gla`).
 
-The forward walks T in chunks of CHUNK = 16 rows with the [K, V] state in registers (one program per
-(batch, head, V tile)). Inside a chunk, with b the gate cumsum from the chunk start:
-    o_t = (q_t * exp(b_t))^T S + sum_{s <= t} A[t, s] v_s,   A[t, s] = sum_k q_t k_s exp(b_t - b_s),
-    S  <- diag(exp(b_last)) S + sum_s (k_s * exp(b_last - b_s)) v_s^T.
+The forward is two kernels over chunks of CHUNK = 16 rows. With b the gate cumsum from the chunk start:
+    o_t = sum_{s <= t in the chunk} A[t, s] v_s + (q_t * exp(b_t))^T S,   A[t, s] = sum_k q_t k_s exp(b_t - b_s),
+    S  <- diag(exp(b_last)) S + sum_s (k_s * exp(b_last - b_s)) v_s^T   (the state before the chunk).
+The first, one program per (batch, head, chunk), writes the intra-chunk part A @ v to an fp32 accumulator (o
+itself when o is fp32). The second walks the chunks of one (batch, head, V tile) with the [K, V] state in registers
+and writes o = accumulator + inter-chunk part, so a 16-bit o is rounded once. Taking the intra-chunk work out of the
+serial walk made the forward 0.87x / 0.81x / 0.74x as long at 3 / 6 / 12 heads of 64 (H100, bf16, batch 128,
+T 201; the probe is recorded in benchmarks/README.md).
 The scores A go by binary levels: a pair s < t of chunk rows belongs to the level W (8, 4, 2, 1) of the
 highest bit in which their row numbers differ, so s lies in the early half and t in the late half of one
 block of 2W rows. With r the block's first late row, exp(b_t - b_s) = exp(b_t - b_r) * exp(b_r - b_s) and
@@ -18,7 +22,9 @@ The backward is one program per (batch, head). A forward walk recomputes the sta
 inter-chunk part of dq into the fp32 gate-gradient buffer; a reverse walk carries dS (the gradient of
 the state) in registers, adds the intra-chunk parts of dq and dk, and forms the gate gradient from the
 identity dL/dG_t = q_t * dq_t - k_t * dk_t (G = cumsum of gk), so dgk is its reverse cumsum over t.
-Only q, k, v and gk are saved for the backward.
+Only q, k, v and gk are saved for the backward. Split like the forward (an intra-chunk kernel writing fp32 parts,
+then the walks adding the rest) it was slower at 6 and 12 heads: 0.62 / 1.21 against 0.57 / 1.12 ms (0.32 against
+0.37 at 3 heads), since the walks themselves are most of it and the fp32 parts add memory traffic.
 
 On CUDA the kernels are autotuned; with TRITON_INTERPRET=1 in the environment before triton is first
 imported they run on CPU tensors through the Triton interpreter with a fixed configuration. The op is a
@@ -94,18 +100,47 @@ def _level(q, k, b, rt, W: tl.constexpr, PRECISION: tl.constexpr):
 
 
 @triton.jit
+def _intra_scores(q, k, b, rt, PRECISION: tl.constexpr):
+    """A[t, s] of one chunk, 0 above the diagonal: the row-wise diagonal plus the LEVELS levels."""
+    scores = tl.where(rt[:, None] == rt[None, :], tl.sum(q * k, axis=1)[:, None], 0.0)
+    for lv in tl.static_range(LEVELS):
+        scores += _level(q, k, b, rt, CHUNK >> (lv + 1), PRECISION)[0]
+    return scores
+
+
+@triton.jit
+def _gla_short_fwd_intra_kernel(
+    q_ptr, k_ptr, v_ptr, g_ptr, o_ptr, oa_ptr, sq, sk, sv, sg, so, T, H, scale,
+    K: tl.constexpr, V: tl.constexpr, PRECISION: tl.constexpr,
+):  # fmt: skip
+    """The intra-chunk output A @ v of one (batch * head, chunk) into the fp32 accumulator oa (o's strides so).
+    o itself is written by _gla_short_fwd_kernel."""
+    i_bh, i_c = tl.program_id(0), tl.program_id(1)
+    i_b, i_h = (i_bh // H).to(tl.int64), (i_bh % H).to(tl.int64)
+    rt = tl.arange(0, CHUNK)
+    ck = tl.arange(0, K)
+    cv = tl.arange(0, V)
+    rows = i_c * CHUNK + rt
+    q = _tile(q_ptr, sq, i_b, i_h, rows, ck, T) * scale
+    k = _tile(k_ptr, sk, i_b, i_h, rows, ck, T)
+    v = _tile(v_ptr, sv, i_b, i_h, rows, cv, T)
+    b = _gates(g_ptr, sg, i_b, i_h, rows, ck, T)[0]
+    _store_tile(oa_ptr, so, i_b, i_h, _mm(_intra_scores(q, k, b, rt, PRECISION), v, PRECISION), rows, cv, T)
+
+
+@triton.jit
 def _gla_short_fwd_kernel(
-    q_ptr, k_ptr, v_ptr, g_ptr, o_ptr, sq, sk, sv, sg, so, T, H, scale, programs,
+    q_ptr, k_ptr, v_ptr, g_ptr, o_ptr, oa_ptr, sq, sk, sv, sg, so, T, H, scale, programs,
     K: tl.constexpr, V: tl.constexpr, BV: tl.constexpr, PRECISION: tl.constexpr,
 ):  # fmt: skip
-    """o for one (batch * head, V tile): walk the chunks with the [K, BV] state in registers. sq ... so are
-    the operands' [B, T, H, D] strides; `programs` is only the autotuning key (see _autotuned)."""
+    """o = the intra-chunk part in oa + the inter-chunk part (q_t * exp(b_t))^T S, for one (batch * head, V tile):
+    walks the chunks with the [K, BV] state in registers. sq ... so are the operands' [B, T, H, D] strides (oa has
+    o's); `programs` is only the autotuning key (see _autotuned)."""
     i_bh, i_v = tl.program_id(0), tl.program_id(1)
     i_b, i_h = (i_bh // H).to(tl.int64), (i_bh % H).to(tl.int64)
     rt = tl.arange(0, CHUNK)
     ck = tl.arange(0, K)
     cv = i_v * BV + tl.arange(0, BV)
-    diagonal = rt[:, None] == rt[None, :]
     state = tl.zeros([K, BV], dtype=tl.float32)
     for t0 in range(0, T, CHUNK):
         rows = t0 + rt
@@ -113,10 +148,7 @@ def _gla_short_fwd_kernel(
         k = _tile(k_ptr, sk, i_b, i_h, rows, ck, T)
         v = _tile(v_ptr, sv, i_b, i_h, rows, cv, T)
         b, b_last = _gates(g_ptr, sg, i_b, i_h, rows, ck, T)
-        scores = tl.where(diagonal, tl.sum(q * k, axis=1)[:, None], 0.0)
-        for lv in tl.static_range(LEVELS):
-            scores += _level(q, k, b, rt, CHUNK >> (lv + 1), PRECISION)[0]
-        o = _mm(q * tl.exp(b), state, PRECISION) + _mm(scores, v, PRECISION)
+        o = _tile(oa_ptr, so, i_b, i_h, rows, cv, T) + _mm(q * tl.exp(b), state, PRECISION)
         _store_tile(o_ptr, so, i_b, i_h, o, rows, cv, T)
         state = _carry(state, k, v, b, b_last, PRECISION)
 
@@ -161,7 +193,7 @@ def _gla_short_bwd_kernel(
         dq = _tile(dg_ptr, sgk, i_b, i_h, rows, ck, T)
         d_scores = _mm(do, tl.trans(v), PRECISION)  # [t, s] = do_t . v_s (used where s <= t)
         d_diag = tl.sum(do * v, axis=1)[:, None]
-        scores = tl.where(diagonal, tl.sum(q * k, axis=1)[:, None], 0.0)
+        scores = tl.where(diagonal, tl.sum(q * k, axis=1)[:, None], 0.0)  # A[t, s], built level by level
         dq += d_diag * k
         dk = d_diag * q
         for lv in tl.static_range(LEVELS):
@@ -196,13 +228,22 @@ def _backward_configs(V: int) -> list[triton.Config]:
     return [triton.Config({}, num_warps=w, num_stages=1) for w in ((4, 8) if V <= 64 else (8, 16))]
 
 
+def _intra_configs() -> list[triton.Config]:
+    """Autotune candidates of the forward's intra-chunk kernel: one 16-row chunk per program, so few warps."""
+    return [triton.Config({}, num_warps=w, num_stages=s) for w in (1, 2, 4) for s in (1, 2)]
+
+
 @functools.cache
-def _autotuned(backward: bool, V: int) -> triton.runtime.KernelInterface:
-    """The CUDA kernel autotuned over its configurations, keyed on K, V, the operand dtypes and `programs`
-    (_programs): how many programs share the SMs decides which register budget wins."""
-    if backward:
-        return triton.autotune(configs=_backward_configs(V), key=["K", "V", "programs"])(_gla_short_bwd_kernel)
-    return triton.autotune(configs=_forward_configs(V), key=["K", "V", "programs"])(_gla_short_fwd_kernel)
+def _autotuned(kernel: str, V: int) -> triton.runtime.KernelInterface:
+    """The CUDA kernel `kernel` ("fwd_intra", "fwd" or "bwd") autotuned over its configurations. The walks are keyed
+    on K, V, the operand dtypes and `programs` (_programs): how many programs share the SMs decides which register
+    budget wins. The forward walk reads oa, which is o itself for fp32 outputs, so tuning restores it."""
+    if kernel == "fwd_intra":
+        return triton.autotune(configs=_intra_configs(), key=["K", "V"])(_gla_short_fwd_intra_kernel)
+    if kernel == "fwd":
+        tune = triton.autotune(configs=_forward_configs(V), key=["K", "V", "programs"], restore_value=["oa_ptr"])
+        return tune(_gla_short_fwd_kernel)
+    return triton.autotune(configs=_backward_configs(V), key=["K", "V", "programs"])(_gla_short_bwd_kernel)
 
 
 def _programs(B: int, H: int) -> int:
@@ -240,14 +281,18 @@ def gla_short_fwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, gk: torch.T
     o = torch.empty(B, T, H, V, dtype=q.dtype, device=q.device)
     if o.numel() == 0:
         return o
+    # fp32 outputs take the intra-chunk part in place; 16-bit ones round the sum of both parts once
+    accumulator = o if o.dtype == torch.float32 else torch.empty(o.shape, dtype=torch.float32, device=o.device)
     strides = (q.stride(), k.stride(), v.stride(), gk.stride(), o.stride())
-    args = (q, k, v, gk, o, *strides, T, H, scale, _programs(B, H))
+    args = (q, k, v, gk, o, accumulator, *strides, T, H, scale)
     meta = dict(K=K, V=V, PRECISION=_precision(q, k, v))
+    intra = _gla_short_fwd_intra_kernel if INTERPRET else _autotuned("fwd_intra", V)
+    intra[(B * H, triton.cdiv(T, CHUNK.value))](*args, **meta)
     if INTERPRET:
         block_v = min(V, _INTERP_BLOCK_V)
-        _gla_short_fwd_kernel[(B * H, V // block_v)](*args, BV=block_v, **meta)
+        _gla_short_fwd_kernel[(B * H, V // block_v)](*args, _programs(B, H), BV=block_v, **meta)
     else:
-        _autotuned(False, V)[lambda m: (B * H, V // m["BV"])](*args, **meta)
+        _autotuned("fwd", V)[lambda m: (B * H, V // m["BV"])](*args, _programs(B, H), **meta)
     return o
 
 
@@ -263,7 +308,7 @@ def gla_short_bwd(
         strides = (q.stride(), k.stride(), v.stride(), gk.stride(), do.stride(), dg.stride(), dv.stride())
         args = (q, k, v, gk, do, dq, dk, dv, dg, *strides, T, H, scale, _programs(B, H))
         meta = dict(K=K, V=v.shape[-1], PRECISION=_precision(q, k, v))
-        kernel = _gla_short_bwd_kernel if INTERPRET else _autotuned(True, v.shape[-1])
+        kernel = _gla_short_bwd_kernel if INTERPRET else _autotuned("bwd", v.shape[-1])
         kernel[(B * H,)](*args, **meta)
     else:
         dq.zero_(), dk.zero_(), dv.zero_(), dg.zero_()
