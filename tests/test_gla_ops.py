@@ -150,7 +150,7 @@ def test_dispatcher_on_cpu_runs_torch_path() -> None:
     [
         (201, 64, torch.bfloat16, True, "short"),  # training at the lengths where short was faster
         (401, 64, torch.bfloat16, True, "short"),
-        (201, 64, torch.bfloat16, False, "chunk"),  # inference
+        (201, 64, torch.bfloat16, False, "short"),  # inference: short's forward was faster too
         (1029, 64, torch.bfloat16, True, "chunk"),  # past AUTO_SHORT_MAX_T
         (201, 48, torch.bfloat16, True, "chunk"),  # a head dim the short kernel does not take
         (21, 64, torch.bfloat16, True, "fused_recurrent"),  # T <= AUTO_RECURRENT_MAX_T
@@ -158,7 +158,7 @@ def test_dispatcher_on_cpu_runs_torch_path() -> None:
     ],
 )
 def test_auto_mode_rule(T: int, head_dim: int, dtype: torch.dtype, grad: bool, expected: str) -> None:
-    """The CUDA kernel "auto" picks, from length, head dim, dtype and whether a gradient is needed (the rule only
+    """The CUDA kernel "auto" picks, from length, head dim and dtype, with or without a gradient (the rule only
     reads shapes and flags, so CPU tensors stand in for CUDA ones)."""
     q, k, v = (torch.zeros(1, T, 2, head_dim, dtype=dtype) for _ in range(3))
     gk = torch.zeros(1, T, 2, head_dim, requires_grad=grad)

@@ -9,15 +9,15 @@ Dispatcher modes (`gated_linear_attention`):
 - "fused_recurrent": fla's `fused_recurrent_gla` on CUDA (one fused sequential kernel; best for short ones).
 - "short": `kernels.gla_short` on CUDA (one program per (batch, head) keeps the state on chip; made for
   T <= AUTO_SHORT_MAX_T, head dims 16..128). A torch custom op: torch.compile does not break the graph there.
-- "auto": "fused_recurrent" for fp32 inputs or T <= AUTO_RECURRENT_MAX_T; otherwise, when a gradient is needed
-  (training), "short" up to AUTO_SHORT_MAX_T tokens (head dims permitting), else "chunk". The threshold is the
-  H100 length sweep (`bench_gla.py --lengths`, bf16, tokens per batch held at 128 x 201, 6 heads of 64, each
-  forward + backward replayed as a CUDA graph, so that the GPU's time is compared and not Python's dispatch;
-  2026-11-24): short took 0.68, 0.72, 0.88, 1.23 and 1.83x chunk's time at T = 64, 201, 401, 1029 and 2048 (few
-  programs: one per (batch, head)); the GPU tests check it against the fp64 recurrence at every T
-  (tests/gpu/test_gla_short_gpu.py). Inference stays on chunk: short's forward alone took 0.86-0.95x chunk's
-  up to 401 tokens in the same sweep, but in a CUDA-graphed LKAT-T forward (3 heads) short was slower (16,300
-  against 17,590 img/s, bench_model.py --compare --attn auto short). fla 0.6.0's `chunk_gla` faults with
+- "auto": "fused_recurrent" for fp32 inputs or T <= AUTO_RECURRENT_MAX_T; otherwise "short" up to AUTO_SHORT_MAX_T
+  tokens (head dims permitting), else "chunk". The threshold is the H100 length sweep (`bench_gla.py --lengths`,
+  bf16, tokens per batch held at 128 x 201, 6 heads of 64, each replayed as a CUDA graph, so that the GPU's time is
+  compared and not Python's dispatch; 2026-11-24, with short's forward in two kernels): short's forward + backward
+  took 0.66, 0.66, 0.84, 1.11 and 1.59x chunk's time at T = 64, 201, 401, 1029 and 2048, its forward alone 0.75,
+  0.77, 0.77, 1.16 and 1.43x (few programs: one per (batch, head) walks T); the GPU tests check it against the fp64
+  recurrence at every T (tests/gpu/test_gla_short_gpu.py). Inference takes short too since its forward is two
+  kernels: in CUDA-graphed LKAT-T and LKAT-S forwards (bench_model.py --compare --attn auto short, one run each)
+  short gave 23,320 and 10,680 img/s against chunk's 20,330 and 10,320. fla 0.6.0's `chunk_gla` faults with
   "CUDA error: misaligned address" on fp32 inputs (seen on an H100, torch 2.11, Triton 3.6; the fault poisons
   the CUDA context); `fused_recurrent_gla` is accurate there. At T = 21, B = 32, H = 6, K = V = 64 in bf16 on
   an H100, forward + backward took 1.0 ms fused_recurrent, 2.5 ms chunk.
@@ -38,7 +38,7 @@ from .dtypes import compute_dtype
 
 MODES = ("auto", "chunk", "fused_recurrent", "short", "torch")
 AUTO_RECURRENT_MAX_T = 64
-AUTO_SHORT_MAX_T = 512  # between the sweep's last win (401 tokens, 0.88x) and its first loss (1029, 1.23x)
+AUTO_SHORT_MAX_T = 512  # between the sweep's last win (401 tokens, 0.84x) and its first loss (1029, 1.11x)
 TORCH_CHUNK_SIZE = 32
 SUB_CHUNK = 4
 
@@ -186,8 +186,7 @@ def _auto_mode(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, gk: torch.Tens
     T = q.shape[1]
     if T <= AUTO_RECURRENT_MAX_T or q.dtype == torch.float32:
         return "fused_recurrent"
-    training = torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v, gk))
-    return "short" if training and T <= AUTO_SHORT_MAX_T and gla_short.supports(q, v) else "chunk"
+    return "short" if T <= AUTO_SHORT_MAX_T and gla_short.supports(q, v) else "chunk"
 
 
 def _prefix_sums(gk: torch.Tensor) -> torch.Tensor:
