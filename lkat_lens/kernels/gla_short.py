@@ -9,7 +9,7 @@ The forward is two kernels over chunks of CHUNK = 16 rows. With b the gate cumsu
 The first, one program per (batch, head, chunk), writes the intra-chunk part A @ v to an fp32 accumulator (o
 itself when o is fp32). The second walks the chunks of one (batch, head, V tile) with the [K, V] state in registers
 and writes o = accumulator + inter-chunk part, so a 16-bit o is rounded once. Taking the intra-chunk work out of the
-serial walk made the forward 0.87x / 0.81x / 0.74x as long at 3 / 6 / 12 heads of 64 (H100, bf16, batch 128,
+serial walk made the forward 0.86x / 0.82x / 0.83x as long at 3 / 6 / 12 heads of 64 (H100, bf16, batch 128,
 T 201; the probe is recorded in benchmarks/README.md).
 The scores A go by binary levels: a pair s < t of chunk rows belongs to the level W (8, 4, 2, 1) of the
 highest bit in which their row numbers differ, so s lies in the early half and t in the late half of one
