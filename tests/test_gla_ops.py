@@ -159,7 +159,7 @@ def test_dispatcher_on_cpu_runs_torch_path() -> None:
 )
 def test_auto_mode_rule(T: int, head_dim: int, dtype: torch.dtype, grad: bool, expected: str) -> None:
     """The CUDA kernel "auto" picks, from length, head dim and dtype, with or without a gradient (the rule only
-    reads shapes and flags, so CPU tensors stand in for CUDA ones)."""
-    q, k, v = (torch.zeros(1, T, 2, head_dim, dtype=dtype) for _ in range(3))
-    gk = torch.zeros(1, T, 2, head_dim, requires_grad=grad)
-    assert _auto_mode(q, k, v, gk) == expected
+    reads shapes and dtypes, so CPU tensors stand in for CUDA ones)."""
+    q = torch.zeros(1, T, 2, head_dim, dtype=dtype, requires_grad=grad)
+    v = torch.zeros(1, T, 2, head_dim, dtype=dtype)
+    assert _auto_mode(q, v) == expected

@@ -175,14 +175,14 @@ def gated_linear_attention(
     if mode == "torch" or not q.is_cuda:
         return gla_chunked(q, k, v, gk, scale=scale, chunk_size=TORCH_CHUNK_SIZE)[0]
     if mode == "auto":
-        mode = _auto_mode(q, k, v, gk)
+        mode = _auto_mode(q, v)
     if mode == "short":
         return gla_short.gla_short(q, k, v, gk, scale)
     return gla_fla.fla_gla(q, k, v, gk, scale, mode)
 
 
-def _auto_mode(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, gk: torch.Tensor) -> str:
-    """The CUDA kernel that "auto" runs for these operands."""
+def _auto_mode(q: torch.Tensor, v: torch.Tensor) -> str:
+    """The CUDA kernel that "auto" runs for operands of q's and v's shapes and q's dtype (training or not)."""
     T = q.shape[1]
     if T <= AUTO_RECURRENT_MAX_T or q.dtype == torch.float32:
         return "fused_recurrent"
