@@ -110,11 +110,11 @@ def _intra_scores(q, k, b, rt, PRECISION: tl.constexpr):
 
 @triton.jit
 def _gla_short_fwd_intra_kernel(
-    q_ptr, k_ptr, v_ptr, g_ptr, o_ptr, oa_ptr, sq, sk, sv, sg, so, T, H, scale,
+    q_ptr, k_ptr, v_ptr, g_ptr, oa_ptr, sq, sk, sv, sg, so, T, H, scale,
     K: tl.constexpr, V: tl.constexpr, PRECISION: tl.constexpr,
 ):  # fmt: skip
-    """The intra-chunk output A @ v of one (batch * head, chunk) into the fp32 accumulator oa (o's strides so).
-    o itself is written by _gla_short_fwd_kernel."""
+    """The intra-chunk output A @ v of one (batch * head, chunk) into the fp32 accumulator oa (o's strides so),
+    which _gla_short_fwd_kernel reads."""
     i_bh, i_c = tl.program_id(0), tl.program_id(1)
     i_b, i_h = (i_bh // H).to(tl.int64), (i_bh % H).to(tl.int64)
     rt = tl.arange(0, CHUNK)
@@ -284,15 +284,15 @@ def gla_short_fwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, gk: torch.T
     # fp32 outputs take the intra-chunk part in place; 16-bit ones round the sum of both parts once
     accumulator = o if o.dtype == torch.float32 else torch.empty(o.shape, dtype=torch.float32, device=o.device)
     strides = (q.stride(), k.stride(), v.stride(), gk.stride(), o.stride())
-    args = (q, k, v, gk, o, accumulator, *strides, T, H, scale)
     meta = dict(K=K, V=V, PRECISION=_precision(q, k, v))
     intra = _gla_short_fwd_intra_kernel if INTERPRET else _autotuned("fwd_intra", V)
-    intra[(B * H, triton.cdiv(T, CHUNK.value))](*args, **meta)
+    intra[(B * H, triton.cdiv(T, CHUNK.value))](q, k, v, gk, accumulator, *strides, T, H, scale, **meta)
+    args = (q, k, v, gk, o, accumulator, *strides, T, H, scale, _programs(B, H))
     if INTERPRET:
         block_v = min(V, _INTERP_BLOCK_V)
-        _gla_short_fwd_kernel[(B * H, V // block_v)](*args, _programs(B, H), BV=block_v, **meta)
+        _gla_short_fwd_kernel[(B * H, V // block_v)](*args, BV=block_v, **meta)
     else:
-        _autotuned("fwd", V)[lambda m: (B * H, V // m["BV"])](*args, _programs(B, H), **meta)
+        _autotuned("fwd", V)[lambda m: (B * H, V // m["BV"])](*args, **meta)
     return o
 
 
