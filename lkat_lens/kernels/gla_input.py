@@ -206,11 +206,12 @@ _KEY = ["DH", "TAPS", "NORM", "ROPE"]
 
 @functools.cache
 def _autotuned(kernel_name: str) -> triton.runtime.KernelInterface:
-    """A kernel autotuned on CUDA: the forward over (row tile, warps), the backward over warps."""
+    """A kernel autotuned on CUDA: the forward over (row tile, warps), the backward over warps (one warp wins for v's
+    path, no norm and no RoPE: 0.039 -> 0.035 ms at LKAT-T's shape, 0.077 -> 0.064 at LKAT-S's, H100)."""
     if kernel_name == "forward":
         configs = [triton.Config({"BT": bt}, num_warps=w) for bt in (16, 32, 64) for w in (2, 4)]
         return triton.autotune(configs=configs, key=_KEY)(_fwd_kernel)
-    configs = [triton.Config({"BT": _BWD_ROWS}, num_warps=w) for w in (2, 4, 8)]
+    configs = [triton.Config({"BT": _BWD_ROWS}, num_warps=w) for w in (1, 2, 4, 8)]
     return triton.autotune(configs=configs, key=_KEY)(_bwd_kernel)
 
 
