@@ -202,6 +202,7 @@ def _bwd_kernel(
 
 
 _KEY = ["DH", "TAPS", "NORM", "ROPE"]
+_KERNELS = {"forward": _fwd_kernel, "backward": _bwd_kernel}
 
 
 @functools.cache
@@ -210,16 +211,17 @@ def _autotuned(kernel_name: str) -> triton.runtime.KernelInterface:
     path, no norm and no RoPE: 0.039 -> 0.035 ms at LKAT-T's shape, 0.077 -> 0.064 at LKAT-S's, H100)."""
     if kernel_name == "forward":
         configs = [triton.Config({"BT": bt}, num_warps=w) for bt in (16, 32, 64) for w in (2, 4)]
-        return triton.autotune(configs=configs, key=_KEY)(_fwd_kernel)
-    configs = [triton.Config({"BT": _BWD_ROWS}, num_warps=w) for w in (1, 2, 4, 8)]
-    return triton.autotune(configs=configs, key=_KEY)(_bwd_kernel)
+    else:
+        configs = [triton.Config({"BT": _BWD_ROWS}, num_warps=w) for w in (1, 2, 4, 8)]
+    return triton.autotune(configs=configs, key=_KEY)(_KERNELS[kernel_name])
 
 
-def _launch(kernel_name: str, kernel, rows_per_program: int | None, blocks, B: int, H: int, *args, **meta) -> None:
-    """Launch over (blocks(BT) row blocks, B * H): the interpreter with a fixed tile, CUDA autotuned."""
+def _launch(kernel_name: str, rows_per_program: int | None, blocks, B: int, H: int, *args, **meta) -> None:
+    """Launch kernel `kernel_name` ("forward" or "backward") over (blocks(BT) row blocks, B * H): the interpreter
+    with a fixed tile, CUDA autotuned."""
     if INTERPRET:
         bt = rows_per_program or _INTERP_ROWS
-        kernel[(blocks(bt), B * H)](*args, BT=bt, **meta)
+        _KERNELS[kernel_name][(blocks(bt), B * H)](*args, BT=bt, **meta)
     else:
         _autotuned(kernel_name)[lambda m: (blocks(m["BT"]), B * H)](*args, **meta)
 
@@ -241,7 +243,7 @@ def gla_input_fwd(x, conv_weight, norm_weight, cos, sin, heads: int, eps: float)
     if out.numel():
         weights, meta = _operands(x, conv_weight, norm_weight, cos, sin, heads)
         args = (x, *weights, out, *x.stride(), *out.flatten(2).stride(), T, heads, eps)
-        _launch("forward", _fwd_kernel, None, lambda bt: triton.cdiv(T, bt), B, heads, *args, **meta)
+        _launch("forward", None, lambda bt: triton.cdiv(T, bt), B, heads, *args, **meta)
     return out
 
 
@@ -258,7 +260,7 @@ def gla_input_bwd(x, conv_weight, norm_weight, cos, sin, do, heads: int, eps: fl
         weights, meta = _operands(x, conv_weight, norm_weight, cos, sin, heads)
         strides = (*x.stride(), *do.flatten(2).stride())
         args = (x, *weights, do.flatten(2), dx, dw, dnw, *strides, T, heads, D, eps)
-        _launch("backward", _bwd_kernel, _BWD_ROWS, lambda bt: blocks, B, heads, *args, **meta)
+        _launch("backward", _BWD_ROWS, lambda bt: blocks, B, heads, *args, **meta)
     d_conv = dw.sum(-1).reshape(conv_weight.shape).to(conv_weight.dtype)
     d_norm = dnw.sum(-1).to(norm_weight.dtype) if norm else dnw.new_empty(0, D // heads)
     return dx, d_conv, d_norm

@@ -233,17 +233,26 @@ def _intra_configs() -> list[triton.Config]:
     return [triton.Config({}, num_warps=w, num_stages=s) for w in (1, 2, 4) for s in (1, 2)]
 
 
+_KERNELS = {"fwd_intra": _gla_short_fwd_intra_kernel, "fwd": _gla_short_fwd_kernel, "bwd": _gla_short_bwd_kernel}
+
+
 @functools.cache
 def _autotuned(kernel: str, V: int) -> triton.runtime.KernelInterface:
     """The CUDA kernel `kernel` ("fwd_intra", "fwd" or "bwd") autotuned over its configurations. The walks are keyed
     on K, V, the operand dtypes and `programs` (_programs): how many programs share the SMs decides which register
     budget wins. The forward walk reads oa, which is o itself for fp32 outputs, so tuning restores it."""
     if kernel == "fwd_intra":
-        return triton.autotune(configs=_intra_configs(), key=["K", "V"])(_gla_short_fwd_intra_kernel)
-    if kernel == "fwd":
+        tune = triton.autotune(configs=_intra_configs(), key=["K", "V"])
+    elif kernel == "fwd":
         tune = triton.autotune(configs=_forward_configs(V), key=["K", "V", "programs"], restore_value=["oa_ptr"])
-        return tune(_gla_short_fwd_kernel)
-    return triton.autotune(configs=_backward_configs(V), key=["K", "V", "programs"])(_gla_short_bwd_kernel)
+    else:
+        tune = triton.autotune(configs=_backward_configs(V), key=["K", "V", "programs"])
+    return tune(_KERNELS[kernel])
+
+
+def _kernel(kernel: str, V: int) -> triton.runtime.KernelInterface:
+    """The kernel to launch: as written under the interpreter (a fixed configuration), else autotuned."""
+    return _KERNELS[kernel] if INTERPRET else _autotuned(kernel, V)
 
 
 def _programs(B: int, H: int) -> int:
@@ -285,8 +294,9 @@ def gla_short_fwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, gk: torch.T
     accumulator = o if o.dtype == torch.float32 else torch.empty(o.shape, dtype=torch.float32, device=o.device)
     strides = (q.stride(), k.stride(), v.stride(), gk.stride(), o.stride())
     meta = dict(K=K, V=V, PRECISION=_precision(q, k, v))
-    intra = _gla_short_fwd_intra_kernel if INTERPRET else _autotuned("fwd_intra", V)
-    intra[(B * H, triton.cdiv(T, CHUNK.value))](q, k, v, gk, accumulator, *strides, T, H, scale, **meta)
+    _kernel("fwd_intra", V)[(B * H, triton.cdiv(T, CHUNK.value))](
+        q, k, v, gk, accumulator, *strides, T, H, scale, **meta
+    )
     args = (q, k, v, gk, o, accumulator, *strides, T, H, scale, _programs(B, H))
     if INTERPRET:
         block_v = min(V, _INTERP_BLOCK_V)
@@ -308,8 +318,7 @@ def gla_short_bwd(
         strides = (q.stride(), k.stride(), v.stride(), gk.stride(), do.stride(), dg.stride(), dv.stride())
         args = (q, k, v, gk, do, dq, dk, dv, dg, *strides, T, H, scale, _programs(B, H))
         meta = dict(K=K, V=v.shape[-1], PRECISION=_precision(q, k, v))
-        kernel = _gla_short_bwd_kernel if INTERPRET else _autotuned("bwd", v.shape[-1])
-        kernel[(B * H,)](*args, **meta)
+        _kernel("bwd", v.shape[-1])[(B * H,)](*args, **meta)
     else:
         dq.zero_(), dk.zero_(), dv.zero_(), dg.zero_()
     return dq, dk, dv, dg.to(gk.dtype)
