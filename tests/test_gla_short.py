@@ -16,8 +16,8 @@ import triton_interpreter
 from lkat_lens.kernels import gla_short
 from lkat_lens.kernels.gla import gla_recurrent
 
-# log forget gates: logsigmoid(randn) * scale, or the named special pattern
-GATES = {"mild": 1 / 16, "strong": 2.0, "near_one": 1e-3, "extreme": None}
+# log forget gates: logsigmoid(randn) * scale, or the named special pattern ("mixed": batch 0 mild, batch 1 extreme)
+GATES = {"mild": 1 / 16, "strong": 2.0, "near_one": 1e-3, "extreme": None, "mixed": None}
 # ||out - ref||_max / ||ref||_max for o, dq, dk, dv, dgk: outputs are stored in the input dtype
 TOL = {"float32": 1e-5, "bfloat16": 1e-2}
 OUTPUTS = ("o", "dq", "dk", "dv", "dgk")
@@ -31,11 +31,13 @@ CASES = {
         (63, 32, 16, "mild", "float32", "contiguous"),
         (65, 64, 64, "strong", "float32", "contiguous"),
         (65, 16, 16, "extreme", "float32", "contiguous"),
+        (65, 32, 32, "mixed", "float32", "contiguous"),
         (201, 64, 64, "mild", "float32", "model"),
         (201, 32, 32, "near_one", "float32", "contiguous"),
         (37, 64, 32, "mild", "bfloat16", "contiguous"),
         (201, 64, 64, "mild", "bfloat16", "model"),
         (65, 32, 64, "strong", "bfloat16", "contiguous"),
+        (201, 64, 64, "mixed", "bfloat16", "model"),
     ]
 }
 
@@ -46,15 +48,25 @@ def make_inputs(T: int, K: int, V: int, gate: str, dtype: torch.dtype, layout: s
     gen = torch.Generator().manual_seed(seed)
     q, k = (torch.randn(B, T, H, K, generator=gen) for _ in range(2))
     v = torch.randn(B, T, H, V, generator=gen)
-    if gate == "extreme":
+    if gate in ("extreme", "mixed"):
         gk = torch.full((B, T, H, K), -30.0)
         gk[:, ::7] = 0.0
+        if gate == "mixed":
+            gk[0] = F.logsigmoid(torch.randn(T, H, K, generator=gen)) * GATES["mild"]
     else:
         gk = F.logsigmoid(torch.randn(B, T, H, K, generator=gen)) * GATES[gate]
     do = torch.randn(B, T, H, V, generator=gen)
     if layout == "model":  # [B, T, H, V] viewed from a [B, H * V, T] buffer, t fastest
         v = v.flatten(2).transpose(1, 2).contiguous().transpose(1, 2).unflatten(2, (H, V))
     return q.to(dtype), k.to(dtype), v.to(dtype), gk, do.to(dtype)
+
+
+def direct_sequences(gk: torch.Tensor) -> torch.Tensor:
+    """[B, H]: whether the backward walks (batch, head) by the direct intra-chunk products, the kernel's rule (every
+    chunk's |gate cumsum from its start| <= SAFE_LOG), else by the levels."""
+    chunk = gla_short.CHUNK.value
+    padded = F.pad(gk, (0, 0, 0, 0, 0, (-gk.shape[1]) % chunk))
+    return padded.unflatten(1, (-1, chunk)).cumsum(2).abs().amax(dim=(1, 2, 4)) <= gla_short.SAFE_LOG.value
 
 
 def outputs_and_grads(fn, q, k, v, gk, do) -> list[torch.Tensor]:
@@ -114,6 +126,16 @@ def test_interpreter_matches_fp64_recurrence(interp: dict, case_id: str) -> None
     assert measured["layout_ok"] and measured["finite"], measured
     for name in OUTPUTS:
         assert measured[name] <= TOL[CASES[case_id][4]], (name, measured)
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_cases_take_both_intra_chunk_paths(dtype: str) -> None:
+    """The mixed cases check the direct walk (batch 0) and the level walk (batch 1) in one launch."""
+    mixed = [case for case in CASES.values() if case[3] == "mixed" and case[4] == dtype]
+    assert mixed
+    for T, K, V, gate, name, layout in mixed:
+        direct = direct_sequences(make_inputs(T, K, V, gate, getattr(torch, name), layout)[3])
+        assert direct[0].all() and not direct[1].any()
 
 
 def test_custom_op_passes_opcheck_and_compiles_without_graph_break(interp: dict) -> None:

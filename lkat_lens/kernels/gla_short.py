@@ -11,17 +11,24 @@ itself when o is fp32). The second walks the chunks of one (batch, head, V tile)
 and writes o = accumulator + inter-chunk part, so a 16-bit o is rounded once. Taking the intra-chunk work out of the
 serial walk made the forward 0.86x / 0.82x / 0.83x as long at 3 / 6 / 12 heads of 64 (H100, bf16, batch 128,
 T 201; the probe is recorded in benchmarks/README.md).
-The scores A go by binary levels: a pair s < t of chunk rows belongs to the level W (8, 4, 2, 1) of the
-highest bit in which their row numbers differ, so s lies in the early half and t in the late half of one
-block of 2W rows. With r the block's first late row, exp(b_t - b_s) = exp(b_t - b_r) * exp(b_r - b_s) and
-s < r <= t: both factors are <= 1 for any gates, nothing can overflow, and each level is one tl.dot.
-The diagonal (decay 1) is a row-wise sum. Every tl.dot takes fp32 operands with fp32 accumulation: TF32
-for 16-bit inputs, exact products when q, k and v are all fp32.
+Within a chunk the decays factor directly, A = (q * exp(b)) (k * exp(-b))^T masked to s <= t, one tl.dot, while
+|b| <= SAFE_LOG (exp(+-40) leaves q and k scaled far inside fp32's and TF32's range; LKAT's gates, logsigmoid / 16,
+keep b within a few units). Chunks whose gates decay faster go by binary levels instead, safe for any gates: a pair
+s < t of chunk rows belongs to the level W (8, 4, 2, 1) of the highest bit in which their row numbers differ, so s
+lies in the early half and t in the late half of one block of 2W rows. With r the block's first late row,
+exp(b_t - b_s) = exp(b_t - b_r) * exp(b_r - b_s) and s < r <= t: both factors are <= 1, nothing can overflow, and
+each level is one tl.dot, the diagonal (decay 1) a row-wise sum. Both are exact up to the dots' rounding. Every
+tl.dot takes fp32 operands with fp32 accumulation: TF32 for 16-bit inputs, exact products when q, k and v are all
+fp32.
 
-The backward is one program per (batch, head). A forward walk recomputes the states and writes the
-inter-chunk part of dq into the fp32 gate-gradient buffer; a reverse walk carries dS (the gradient of
-the state) in registers, adds the intra-chunk parts of dq and dk, and forms the gate gradient from the
-identity dL/dG_t = q_t * dq_t - k_t * dk_t (G = cumsum of gk), so dgk is its reverse cumsum over t.
+The backward is one program per (batch, head). A forward walk recomputes the states, writes the
+inter-chunk part of dq into the fp32 gate-gradient buffer and finds the sequence's largest |b|; a reverse walk
+carries dS (the gradient of the state) in registers, adds the intra-chunk parts of dq and dk, and forms the gate
+gradient from the identity dL/dG_t = q_t * dq_t - k_t * dk_t (G = cumsum of gk), so dgk is its reverse cumsum
+over t. The reverse walk is written twice, direct and by levels, and a sequence takes one or the other whole.
+Backward ms at 3 / 6 / 12 heads of 64 (H100, bf16, batch 128, T 201, graph replays): levels only 0.362 / 0.569 /
+1.110, now 0.247 / 0.472 / 0.924; the choice made chunk by chunk inside one walk (both in its registers) 0.306 /
+0.492 / 0.963; a kernel with no level walk at all (wrong for fast gates) 0.233 / 0.428 / 0.847.
 Only q, k, v and gk are saved for the backward. Split like the forward (an intra-chunk kernel writing fp32 parts,
 then the walks adding the rest) it was slower at 6 and 12 heads: 0.62 / 1.21 against 0.57 / 1.12 ms (0.32 against
 0.37 at 3 heads), since the walks themselves are most of it and the fp32 parts add memory traffic.
@@ -41,6 +48,8 @@ import triton.language as tl
 INTERPRET = os.environ.get("TRITON_INTERPRET", "0") == "1"
 CHUNK: tl.constexpr = tl.constexpr(16)
 LEVELS: tl.constexpr = tl.constexpr(4)  # log2(CHUNK)
+# Largest |gate cumsum| within a chunk for which the intra-chunk decays are factored as exp(b) * exp(-b)
+SAFE_LOG: tl.constexpr = tl.constexpr(40.0)
 HEAD_DIMS = (16, 32, 64, 128)
 INPUT_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 # Interpreter launch: V tiles of at most this width, so that the V-tiled grid runs.
@@ -100,7 +109,19 @@ def _level(q, k, b, rt, W: tl.constexpr, PRECISION: tl.constexpr):
 
 
 @triton.jit
-def _intra_scores(q, k, b, rt, PRECISION: tl.constexpr):
+def _span(b):
+    """The largest |b| of a chunk's gate cumsum b [CHUNK, K], per column [K]."""
+    return tl.max(tl.abs(b), axis=0)
+
+
+@triton.jit
+def _direct_factors(q, k, b):
+    """(q * exp(b), k * exp(-b)): the operands of the direct intra-chunk scores (needs |b| <= SAFE_LOG)."""
+    return q * tl.exp(b), k * tl.exp(-b)
+
+
+@triton.jit
+def _level_scores(q, k, b, rt, PRECISION: tl.constexpr):
     """A[t, s] of one chunk, 0 above the diagonal: the row-wise diagonal plus the LEVELS levels."""
     scores = tl.where(rt[:, None] == rt[None, :], tl.sum(q * k, axis=1)[:, None], 0.0)
     for lv in tl.static_range(LEVELS):
@@ -125,7 +146,12 @@ def _gla_short_fwd_intra_kernel(
     k = _tile(k_ptr, sk, i_b, i_h, rows, ck, T)
     v = _tile(v_ptr, sv, i_b, i_h, rows, cv, T)
     b = _gates(g_ptr, sg, i_b, i_h, rows, ck, T)[0]
-    _store_tile(oa_ptr, so, i_b, i_h, _mm(_intra_scores(q, k, b, rt, PRECISION), v, PRECISION), rows, cv, T)
+    if tl.max(_span(b), axis=0) <= SAFE_LOG:
+        q_up, k_down = _direct_factors(q, k, b)
+        scores = tl.where(rt[:, None] >= rt[None, :], _mm(q_up, tl.trans(k_down), PRECISION), 0.0)
+    else:
+        scores = _level_scores(q, k, b, rt, PRECISION)
+    _store_tile(oa_ptr, so, i_b, i_h, _mm(scores, v, PRECISION), rows, cv, T)
 
 
 @triton.jit
@@ -154,31 +180,17 @@ def _gla_short_fwd_kernel(
 
 
 @triton.jit
-def _gla_short_bwd_kernel(
-    q_ptr, k_ptr, v_ptr, g_ptr, do_ptr, dq_ptr, dk_ptr, dv_ptr, dg_ptr, sq, sk, sv, sg, sdo, sgk, sgv, T, H, scale,
-    programs, K: tl.constexpr, V: tl.constexpr, PRECISION: tl.constexpr,
+def _reverse_walk(
+    q_ptr, k_ptr, v_ptr, g_ptr, do_ptr, dq_ptr, dk_ptr, dv_ptr, dg_ptr, sq, sk, sv, sg, sdo, sgk, sgv,
+    i_b, i_h, T, scale, K: tl.constexpr, V: tl.constexpr, PRECISION: tl.constexpr, DIRECT: tl.constexpr,
 ):  # fmt: skip
-    """dq, dk, dv and the fp32 dgk of one (batch * head). dq, dk and dg share the strides sgk, dv has sgv."""
-    i_bh = tl.program_id(0)
-    i_b, i_h = (i_bh // H).to(tl.int64), (i_bh % H).to(tl.int64)
+    """The backward's reverse walk over one (batch, head) with dS, the gradient of the state that enters the later
+    chunks: dq (its inter-chunk part read from dg), dk, dv and dgk. DIRECT: the direct intra-chunk products (every
+    chunk's |b| <= SAFE_LOG), else the levels."""
     rt = tl.arange(0, CHUNK)
     ck = tl.arange(0, K)
     cv = tl.arange(0, V)
-    diagonal = rt[:, None] == rt[None, :]
-
-    # Forward walk: the inter-chunk part of dq (w.r.t. the scaled q) = exp(b) * (do @ S^T), kept in dg.
-    state = tl.zeros([K, V], dtype=tl.float32)
-    for t0 in range(0, T, CHUNK):
-        rows = t0 + rt
-        k = _tile(k_ptr, sk, i_b, i_h, rows, ck, T)
-        v = _tile(v_ptr, sv, i_b, i_h, rows, cv, T)
-        do = _tile(do_ptr, sdo, i_b, i_h, rows, cv, T)
-        b, b_last = _gates(g_ptr, sg, i_b, i_h, rows, ck, T)
-        _store_tile(dg_ptr, sgk, i_b, i_h, _mm(do, tl.trans(state), PRECISION) * tl.exp(b), rows, ck, T)
-        state = _carry(state, k, v, b, b_last, PRECISION)
-    tl.debug_barrier()  # the reverse walk reads what every thread of this program wrote above
-
-    # Reverse walk with dS, the gradient of the state that enters the later chunks.
+    causal = rt[:, None] >= rt[None, :]
     d_state = tl.zeros([K, V], dtype=tl.float32)
     later = tl.zeros([K], dtype=tl.float32)  # sum over the later rows of q * dq - k * dk
     n_chunks = tl.cdiv(T, CHUNK)
@@ -192,16 +204,23 @@ def _gla_short_bwd_kernel(
         b, b_last = _gates(g_ptr, sg, i_b, i_h, rows, ck, T)
         dq = _tile(dg_ptr, sgk, i_b, i_h, rows, ck, T)
         d_scores = _mm(do, tl.trans(v), PRECISION)  # [t, s] = do_t . v_s (used where s <= t)
-        d_diag = tl.sum(do * v, axis=1)[:, None]
-        scores = tl.where(diagonal, tl.sum(q * k, axis=1)[:, None], 0.0)  # A[t, s], built level by level
-        dq += d_diag * k
-        dk = d_diag * q
-        for lv in tl.static_range(LEVELS):
-            level_scores, q_f, k_f, f, late, same = _level(q, k, b, rt, CHUNK >> (lv + 1), PRECISION)
-            scores += level_scores
-            d_level = tl.where(same, d_scores, 0.0)
-            dq += tl.where(late, f * _mm(d_level, k_f, PRECISION), 0.0)
-            dk += tl.where(late, 0.0, f * _mm(tl.trans(d_level), q_f, PRECISION))
+        if DIRECT:
+            q_up, k_down = _direct_factors(q, k, b)
+            scores = tl.where(causal, _mm(q_up, tl.trans(k_down), PRECISION), 0.0)
+            d_causal = tl.where(causal, d_scores, 0.0)
+            dq += tl.exp(b) * _mm(d_causal, k_down, PRECISION)
+            dk = tl.exp(-b) * _mm(tl.trans(d_causal), q_up, PRECISION)
+        else:
+            d_diag = tl.sum(do * v, axis=1)[:, None]
+            scores = tl.where(rt[:, None] == rt[None, :], tl.sum(q * k, axis=1)[:, None], 0.0)  # level by level
+            dq += d_diag * k
+            dk = d_diag * q
+            for lv in tl.static_range(LEVELS):
+                level_scores, q_f, k_f, f, late, same = _level(q, k, b, rt, CHUNK >> (lv + 1), PRECISION)
+                scores += level_scores
+                d_level = tl.where(same, d_scores, 0.0)
+                dq += tl.where(late, f * _mm(d_level, k_f, PRECISION), 0.0)
+                dk += tl.where(late, 0.0, f * _mm(tl.trans(d_level), q_f, PRECISION))
         to_end = tl.exp(b_last[None, :] - b)
         dv = _mm(tl.trans(scores), do, PRECISION) + _mm(k * to_end, d_state, PRECISION)
         dk += to_end * _mm(v, tl.trans(d_state), PRECISION)
@@ -214,6 +233,39 @@ def _gla_short_bwd_kernel(
         d_state = d_state * tl.exp(b_last)[:, None] + _mm(tl.trans(q * tl.exp(b)), do, PRECISION)
 
 
+@triton.jit
+def _gla_short_bwd_kernel(
+    q_ptr, k_ptr, v_ptr, g_ptr, do_ptr, dq_ptr, dk_ptr, dv_ptr, dg_ptr, sq, sk, sv, sg, sdo, sgk, sgv, T, H, scale,
+    programs, K: tl.constexpr, V: tl.constexpr, PRECISION: tl.constexpr,
+):  # fmt: skip
+    """dq, dk, dv and the fp32 dgk of one (batch * head). dq, dk and dg share the strides sgk, dv has sgv."""
+    i_bh = tl.program_id(0)
+    i_b, i_h = (i_bh // H).to(tl.int64), (i_bh % H).to(tl.int64)
+    rt = tl.arange(0, CHUNK)
+    ck = tl.arange(0, K)
+    cv = tl.arange(0, V)
+
+    # Forward walk: the inter-chunk part of dq (w.r.t. the scaled q) = exp(b) * (do @ S^T), kept in dg.
+    state = tl.zeros([K, V], dtype=tl.float32)
+    span = tl.zeros([K], dtype=tl.float32)  # the largest |b| of any chunk so far
+    for t0 in range(0, T, CHUNK):
+        rows = t0 + rt
+        k = _tile(k_ptr, sk, i_b, i_h, rows, ck, T)
+        v = _tile(v_ptr, sv, i_b, i_h, rows, cv, T)
+        do = _tile(do_ptr, sdo, i_b, i_h, rows, cv, T)
+        b, b_last = _gates(g_ptr, sg, i_b, i_h, rows, ck, T)
+        _store_tile(dg_ptr, sgk, i_b, i_h, _mm(do, tl.trans(state), PRECISION) * tl.exp(b), rows, ck, T)
+        state = _carry(state, k, v, b, b_last, PRECISION)
+        span = tl.maximum(span, _span(b))
+    tl.debug_barrier()  # the reverse walk reads what every thread of this program wrote above
+
+    args = (q_ptr, k_ptr, v_ptr, g_ptr, do_ptr, dq_ptr, dk_ptr, dv_ptr, dg_ptr, sq, sk, sv, sg, sdo, sgk, sgv)
+    if tl.max(span, axis=0) <= SAFE_LOG:
+        _reverse_walk(*args, i_b, i_h, T, scale, K, V, PRECISION, True)
+    else:
+        _reverse_walk(*args, i_b, i_h, T, scale, K, V, PRECISION, False)
+
+
 def _forward_configs(V: int) -> list[triton.Config]:
     """Autotune candidates of the forward: (V tile, warps, stages, register cap). Uncapped, the 4-warp program takes
     all 255 registers and two fit on an H100 SM; capped at 168 (a few spills) three fit, so LKAT-T's 384 programs
@@ -224,8 +276,11 @@ def _forward_configs(V: int) -> list[triton.Config]:
 
 
 def _backward_configs(V: int) -> list[triton.Config]:
-    """Autotune candidates of the backward: warps (the whole [K, V] gradient state sits in registers)."""
-    return [triton.Config({}, num_warps=w, num_stages=1) for w in ((4, 8) if V <= 64 else (8, 16))]
+    """Autotune candidates of the backward: warps (the whole [K, V] gradient state sits in registers), and for
+    heads up to 64 wide a register cap of 168 (three programs per H100 SM: one wave for LKAT-T's 384)."""
+    if V > 64:
+        return [triton.Config({}, num_warps=w, num_stages=1) for w in (8, 16)]
+    return [triton.Config({}, num_warps=w, num_stages=1, maxnreg=r) for w, r in ((4, None), (8, None), (4, 168))]
 
 
 def _intra_configs() -> list[triton.Config]:

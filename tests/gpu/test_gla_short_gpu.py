@@ -81,6 +81,18 @@ def test_lengths_match_recurrence(dtype: torch.dtype, T: int) -> None:
     assert all(result[name][0] < TOL[dtype] for name in NAMES), result
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
+def test_fast_decaying_gates_take_the_level_walk(dtype: torch.dtype) -> None:
+    """Gates that decay by more than SAFE_LOG within a chunk (batch 4 onwards: logsigmoid(randn) * 8, about -100 per
+    chunk) send those sequences to the level walk in the launch where batch 0-3 take the direct one: all within
+    TOL of the fp64 recurrence."""
+    inputs = make_inputs(B=8, T=201, H=6, K=64, V=64, dtype=dtype, seed=3)
+    gen = torch.Generator(device="cuda").manual_seed(4)
+    inputs[3][4:] = F.logsigmoid(torch.randn(inputs[3][4:].shape, device="cuda", generator=gen)) * 8
+    result = errors(mode("short"), inputs)
+    assert all(result[name][0] < TOL[dtype] for name in NAMES), result
+
+
 def test_conv_layout_v_gives_identical_results() -> None:
     """v in a conv output's layout (t fastest, as VisionGLA makes it) needs no copy and changes no bit."""
     q, k, v, gk, do = make_inputs(B=2, T=201, H=6, K=64, V=64, dtype=torch.bfloat16)
