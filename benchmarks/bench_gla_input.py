@@ -3,13 +3,12 @@
     python benchmarks/bench_gla_input.py --model lkat_tiny_patch16_224 --out benchmarks/results/bench_gla_input.json
 
 `VisionGLA.inputs` of the model's first block, from its projections' outputs (one [B, T, 2K + 2V + r] GEMM output,
-q, k and v's columns side by side, as the layer takes them) to q, k, v, in bf16 at batch 128: with input_mode
-"fused" (`kernels.gla_input`, one kernel for all three), "torch" eager (the modules: Conv1d, RmsNorm, RoPE), and
-"torch" under torch.compile (inductor's fusion of the traced form). Every time is a CUDA graph replay (the GPU's
-time), forward and forward + backward (gradients of the projection output and of the conv and norm weights). Each
-row also gets its largest error against the fp64 reference (`gla_inputs_reference`, on the same inputs) and the
-minimum memory traffic of the path (read x, write q, k, v; the backward also reads the gradients and x and writes dx)
-as a fraction of the time.
+split as the layer splits it) to q, k, v, in bf16 at batch 128: with input_mode "fused" (`kernels.gla_input`, one
+kernel per q, k, v), "torch" eager (the modules: Conv1d, RmsNorm, RoPE), and "torch" under torch.compile (inductor's
+fusion of the traced form). Every time is a CUDA graph replay (the GPU's time), forward and forward + backward
+(gradients of the projection output and of the conv and norm weights). Each row also gets its largest error
+against the fp64 reference (`gla_input_reference`, on the same inputs) and the minimum memory traffic of the path
+(read x, write q, k, v; the backward also reads the gradients and x and writes dx) as a fraction of the time.
 """
 
 from __future__ import annotations
@@ -23,7 +22,7 @@ from bench_model import time_ms
 from common import dated_result_path, environment, write_result
 
 import lkat_lens
-from lkat_lens.kernels.gla_input import gla_inputs_reference
+from lkat_lens.kernels.gla_input import gla_input_reference
 
 
 def layer_and_inputs(model: str, batch: int, seed: int = 0):
@@ -49,8 +48,9 @@ def variant(attn, sizes: list[int], name: str):
     attn.input_mode = "fused" if name == "fused" else "torch"
 
     def inputs(y: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        q, k, v = y.split(sizes, dim=-1)[:3]
         with torch.autocast(y.device.type, dtype=torch.bfloat16):  # as the layer runs in training
-            return attn.inputs(y[..., : sum(sizes[:3])])
+            return attn.inputs(q, k, v)
 
     return torch.compile(inputs) if name == "compiled" else inputs
 
@@ -77,13 +77,18 @@ def timings(fn, attn, y: torch.Tensor, grads: list[torch.Tensor], warmup: int, i
 
 def max_errors(fn, attn, y: torch.Tensor, grads: list[torch.Tensor], sizes: list[int]) -> dict[str, float]:
     """max |x - ref| / max |ref| of q, k, v and of the gradients of y and of the conv and norm weights against the
-    fp64 reference (`gla_inputs_reference`, with fp64 copies of the layer's weights)."""
+    fp64 reference (`gla_input_reference` of each of q, k, v, with fp64 copies of the layer's weights)."""
     params = [attn.q_conv1d.weight, attn.k_conv1d.weight, attn.v_conv1d.weight, attn.q_norm.weight, attn.k_norm.weight]
     cos, sin = (t.double() for t in attn.rotary.channel_tables(y.shape[1]))
     H = attn.num_heads
 
     def reference(y, qw, kw, vw, qn, kn):
-        return gla_inputs_reference(y[..., : sum(sizes[:3])], qw, kw, vw, qn, kn, cos, sin, H, attn.q_norm.eps)
+        q, k, v = y.split(sizes, dim=-1)[:3]
+        return (
+            gla_input_reference(q, qw, qn, cos, sin, H, attn.q_norm.eps),
+            gla_input_reference(k, kw, kn, cos, sin, H, attn.k_norm.eps),
+            gla_input_reference(v, vw, None, None, None, H, 0.0),
+        )
 
     def outputs_and_grads(outs, leaves):
         gradients = torch.autograd.grad(outs, leaves, [g.to(o.dtype) for g, o in zip(grads, outs, strict=True)])

@@ -15,7 +15,7 @@ from torch import nn
 
 from lkat_lens.kernels.dtypes import autocast_dtype, compute_dtype
 from lkat_lens.kernels.gla import gated_linear_attention, implicit_attention
-from lkat_lens.kernels.gla_input import gla_inputs
+from lkat_lens.kernels.gla_input import gla_input
 from lkat_lens.kernels.gla_input import supports as fused_input_supports
 
 from .hooks import HookPoint
@@ -77,7 +77,7 @@ class VisionGLA(nn.Module):
     the depthwise causal convs (`conv_size` taps) on q, k and v; `rope_mode` picks the reference's RoPE layout.
 
     `input_mode` (INPUT_MODES) is how q, k and v go from their projections to the GLA: "torch" runs the modules
-    (q_conv1d, q_norm, rotary, ...); "fused" runs q, k and v through one kernel (`kernels.gla_input`: the
+    (q_conv1d, q_norm, rotary, ...); "fused" runs each of q, k, v through one kernel (`kernels.gla_input`: the
     same computation in fp32, stored once); "auto" is "fused" on CUDA and "torch" elsewhere. While a forward
     (pre-)hook sits on one of those modules, the modules run, whatever the mode, so that the hook fires.
     """
@@ -145,22 +145,19 @@ class VisionGLA(nn.Module):
         return (self.q_proj, self.k_proj, self.v_proj, self.g_proj, self.gk_proj[0])
 
     def project(self, x: torch.Tensor) -> tuple[torch.Tensor, ...]:
-        """(q, k and v side by side, g, the gate's low-rank code): x through q_proj, k_proj, v_proj, g_proj and the
-        gate's first (low-rank) Linear as one matmul with their stacked weights: the same products, but one GEMM and
-        (under autocast) one cast of x instead of five, and x's gradient summed inside the GEMM's fp32
-        accumulation."""
+        """x through q_proj, k_proj, v_proj, g_proj and the gate's first (low-rank) Linear as one matmul with their
+        stacked weights: the same products, but one GEMM and (under autocast) one cast of x instead of five, and
+        x's gradient summed inside the GEMM's fp32 accumulation."""
         linears = self.projections()
         y = F.linear(x, torch.cat([m.weight for m in linears]))
-        qkv = sum(m.out_features for m in linears[:3])
-        return y.split([qkv, self.g_proj.out_features, self.gk_proj[0].out_features], dim=-1)
+        return y.split([m.out_features for m in linears], dim=-1)
 
     def input_modules(self) -> tuple[nn.Module, ...]:
         """The modules between the projections and the GLA (convolutions, q/k norms, RoPE)."""
         return (self.q_conv1d, self.k_conv1d, self.v_conv1d, self.q_norm, self.k_norm, self.rotary)
 
     def fuses_inputs(self, x: torch.Tensor) -> bool:
-        """Whether q, k and v of this input (their projections' outputs side by side, [B, T, 2 DK + DV]) take the fused
-        kernel (see input_mode)."""
+        """Whether q, k and v of this input (a projection output [B, T, D]) take the fused kernel (see input_mode)."""
         check_input_mode(self.input_mode)
         if self.input_mode == "torch" or (self.input_mode == "auto" and not x.is_cuda):
             return False
@@ -168,20 +165,19 @@ class VisionGLA(nn.Module):
         convs = (self.q_conv1d, self.k_conv1d, self.v_conv1d)
         if hooked or not all(isinstance(c, ShortConvolution) for c in convs):
             return False
-        if len({c.weight.shape[-1] for c in convs}) != 1 or self.q_norm.eps != self.k_norm.eps:
-            return False
-        widths = (self.q_proj.out_features, self.v_proj.out_features)
-        return fused_input_supports(x, self.num_heads, widths, taps=convs[0].weight.shape[-1])
+        taps = max(c.weight.shape[-1] for c in convs)
+        return fused_input_supports(x, self.num_heads, rope=True, taps=taps)
 
-    def inputs(self, qkv: torch.Tensor) -> tuple[torch.Tensor, ...]:
-        """q, k, v [B, T, H, *] from their projections' outputs side by side (`project`): short convolutions and SiLU,
-        q/k RMSNorm and RoPE."""
-        if self.fuses_inputs(qkv):
-            cos, sin = self.rotary.channel_tables(qkv.shape[1])
-            weights = (self.q_conv1d.weight, self.k_conv1d.weight, self.v_conv1d.weight)
-            norms = (self.q_norm.weight, self.k_norm.weight)
-            return gla_inputs(qkv, *weights, *norms, cos, sin, heads=self.num_heads, eps=self.q_norm.eps)
-        q, k, v = qkv.split([self.q_proj.out_features, self.k_proj.out_features, self.v_proj.out_features], dim=-1)
+    def inputs(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        """q, k, v [B, T, H, *] from their projections: short convolutions and SiLU, q/k RMSNorm and RoPE."""
+        if self.fuses_inputs(q):
+            cos, sin = self.rotary.channel_tables(q.shape[1])
+            q_norm, k_norm, H = self.q_norm, self.k_norm, self.num_heads
+            return (
+                gla_input(q, self.q_conv1d.weight, q_norm.weight, cos, sin, heads=H, eps=q_norm.eps),
+                gla_input(k, self.k_conv1d.weight, k_norm.weight, cos, sin, heads=H, eps=k_norm.eps),
+                gla_input(v, self.v_conv1d.weight, heads=H),
+            )
         heads, v_heads = (self.num_heads, self.head_dim), (self.num_heads, self.head_v_dim)
         q = self.rotary(self.q_norm(self.q_conv1d(q).unflatten(-1, heads)))
         k = self.rotary(self.k_norm(self.k_conv1d(k).unflatten(-1, heads)))
@@ -189,8 +185,8 @@ class VisionGLA(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         heads, v_heads = (self.num_heads, self.head_dim), (self.num_heads, self.head_v_dim)
-        qkv, g, gate_code = self.project(x)
-        q, k, v = self.inputs(qkv)
+        q, k, v, g, gate_code = self.project(x)
+        q, k, v = self.inputs(q, k, v)
         v = self.hook_v(v)
         q, k = self.hook_q(q), self.hook_k(k)
         with torch.autocast(x.device.type, enabled=False):  # gate logits in fp32 from the small low-rank code

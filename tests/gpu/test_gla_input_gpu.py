@@ -1,5 +1,5 @@
-"""GLA's fused input-path kernel (q, k and v in one launch) on CUDA against the fp64 reference, and in LKAT-T (eager
-and compiled) against the model's own modules and against the model in fp64."""
+"""GLA's fused input-path kernel on CUDA against the fp64 reference, and in LKAT-T (eager and compiled) against the
+model's own modules and against the model in fp64."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import pytest
 import torch
 
 import lkat_lens
-from lkat_lens.kernels.gla_input import gla_inputs, gla_inputs_reference
+from lkat_lens.kernels.gla_input import gla_input, gla_input_reference
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")]
 
@@ -27,31 +27,30 @@ def rel_norm(a: torch.Tensor, b: torch.Tensor) -> float:
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
 @pytest.mark.parametrize(
-    ("B", "T", "H", "DH", "DVH"),
-    [(32, 197, 3, 64, 64), (32, 201, 6, 64, 64), (8, 5, 2, 48, 32), (16, 1029, 6, 64, 64)],
-    ids=["lkat_t", "lkat_s", "ragged", "long"],
+    ("B", "T", "H", "DH", "rope"),
+    [(32, 197, 3, 64, True), (32, 201, 6, 64, True), (8, 5, 2, 48, True), (16, 1029, 6, 64, False)],
+    ids=["lkat_t", "lkat_s", "ragged", "long_v"],
 )
-def test_kernel_matches_fp64_reference(B: int, T: int, H: int, DH: int, DVH: int, dtype: torch.dtype) -> None:
-    """q, k, v and the gradients of x (the first columns of a projection output), the conv and the norm weights."""
+def test_kernel_matches_fp64_reference(B: int, T: int, H: int, DH: int, rope: bool, dtype: torch.dtype) -> None:
+    """Output and the gradients of x (a column slice of a projection output), the conv and the norm weights."""
     gen = torch.Generator(device="cuda").manual_seed(T)
-    DK, DV = H * DH, H * DVH
-    x = torch.randn(B, T, 2 * DK + DV + 40, device="cuda", generator=gen)[..., : 2 * DK + DV].to(dtype)
-    convs = [torch.randn(d, 1, 4, device="cuda", generator=gen) * 0.5 for d in (DK, DK, DV)]
-    norms = [torch.randn(DH, device="cuda", generator=gen) + 1.0 for _ in range(2)]
+    D = H * DH
+    x = torch.randn(B, T, 3 * D, device="cuda", generator=gen)[..., D : 2 * D].to(dtype)
+    weight = torch.randn(D, 1, 4, device="cuda", generator=gen) * 0.5
+    norm_weight = torch.randn(DH, device="cuda", generator=gen) + 1.0 if rope else None
     angles = torch.randn(T, DH // 2, device="cuda", generator=gen)
-    cos, sin = angles.cos().repeat_interleave(2, -1), angles.sin().repeat_interleave(2, -1)
-    grads = [torch.randn(B, T, H, d, device="cuda", generator=gen) for d in (DH, DH, DVH)]
+    cos, sin = (angles.cos().repeat_interleave(2, -1), angles.sin().repeat_interleave(2, -1)) if rope else (None,) * 2
+    do = torch.randn(B, T, H, DH, device="cuda", generator=gen)
 
     def run(fn, cast):
-        leaves = [t.detach().to(cast or t.dtype).requires_grad_() for t in (x, *convs, *norms)]
-        outs = fn(*leaves, *(t.to(cast or t.dtype) for t in (cos, sin)), heads=H, eps=1e-6)
-        gradients = torch.autograd.grad(outs, leaves, [g.to(o.dtype) for g, o in zip(grads, outs, strict=True)])
-        return [o.detach() for o in outs] + list(gradients)
+        leaves = [t.detach().to(cast or t.dtype).requires_grad_() for t in (x, weight, norm_weight) if t is not None]
+        tables = [t if t is None or cast is None else t.to(cast) for t in (cos, sin)]
+        out = fn(*leaves, *([] if rope else [None]), *tables, heads=H, eps=1e-6)
+        return [out.detach(), *torch.autograd.grad(out, leaves, do.to(out.dtype))]
 
-    got = run(gla_inputs, None)
-    ref = run(gla_inputs_reference, torch.float64)
-    names = ("q", "k", "v", "dx", "d_q_conv", "d_k_conv", "d_v_conv", "d_q_norm", "d_k_norm")
-    for name, g, r in zip(names, got, ref, strict=True):
+    got = run(gla_input, None)
+    ref = run(gla_input_reference, torch.float64)
+    for name, g, r in zip(("out", "dx", "d_conv", "d_norm"), got, ref, strict=False):
         assert torch.isfinite(g).all(), name
         assert rel_max(g, r) <= TOL[dtype], (name, rel_max(g, r))
 
@@ -86,7 +85,7 @@ def test_lkat_fused_inputs_as_close_to_fp64_as_the_modules(lkat_t) -> None:
     exact = step(copy.deepcopy(model).double(), images.double(), "torch")
     measured = {mode: errors(step(model, images, mode), exact) for mode in ("torch", "fused")}
     assert measured["torch"] < 1e-3 and measured["fused"] <= 2 * measured["torch"] + 1e-7, measured
-    assert model.blocks[0].attn.fuses_inputs(torch.zeros(1, 2, 3 * 192, device="cuda"))
+    assert model.blocks[0].attn.fuses_inputs(torch.zeros(1, 2, 192, device="cuda"))
 
 
 def test_lkat_fused_inputs_in_bf16_eager_and_compiled(lkat_t) -> None:
