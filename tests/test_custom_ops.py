@@ -10,16 +10,13 @@ import pytest
 import torch
 import torch.nn.functional as F
 import triton_interpreter
+from tolerance import rel_norm
 
 import lkat_lens
 from lkat_lens.kernels import gla_fla, kan_linear, kan_triton, rbf
 from lkat_lens.kernels.gla import gla_recurrent
 
 GRID = (-2.0, 2.0)
-
-
-def rel(a: torch.Tensor, b: torch.Tensor) -> float:
-    return ((a.double() - b.double()).norm() / b.double().norm()).item()
 
 
 def opcheck(op, args: tuple) -> None:
@@ -90,8 +87,8 @@ def test_fused_kan_ops_on_cpu_match_autograd_of_the_references():
         y, y_ref = op(*inputs), reference(*inputs)
         dy = torch.randn_like(y)
         for got, want in zip(torch.autograd.grad(y, inputs, dy), torch.autograd.grad(y_ref, inputs, dy), strict=True):
-            assert rel(got, want) < 1e-12, name
-        assert rel(y, y_ref) < 1e-14, name
+            assert rel_norm(got, want) < 1e-12, name
+        assert rel_norm(y, y_ref) < 1e-14, name
 
 
 def interpreter_opchecks() -> dict:
@@ -145,8 +142,8 @@ def test_fla_gla_op_on_cpu_matches_the_recurrence(gla_inputs):
     do = torch.randn_like(o)
     grads = torch.autograd.grad(o, (q, k, v, gk), do)
     grads_ref = torch.autograd.grad(o_ref, (q, k, v, gk), do)
-    assert rel(o, o_ref) < 1e-12
-    assert all(rel(a, b) < 1e-10 for a, b in zip(grads, grads_ref, strict=True))
+    assert rel_norm(o, o_ref) < 1e-12
+    assert all(rel_norm(a, b) < 1e-10 for a, b in zip(grads, grads_ref, strict=True))
     real = gla_fla._fla_gla_backward_op(*gla_inputs, do, 0.3, "chunk")
     with torch._subclasses.fake_tensor.FakeTensorMode() as mode:
         fake = gla_fla._fla_gla_backward_op(*(mode.from_tensor(t) for t in (*gla_inputs, do)), 0.3, "chunk")
@@ -182,8 +179,8 @@ def test_compiled_ops_fullgraph_match_eager():
     dy = torch.randn_like(y)
     y.backward(dy)
     y_c.backward(dy)
-    assert rel(y_c, y) < 1e-6
-    assert all(rel(b.grad, a.grad) < 1e-5 for a, b in zip(eager, traced, strict=True))
+    assert rel_norm(y_c, y) < 1e-6
+    assert all(rel_norm(b.grad, a.grad) < 1e-5 for a, b in zip(eager, traced, strict=True))
 
 
 def test_lkat_micro_compiles_without_graph_breaks():
@@ -236,12 +233,12 @@ def test_gla_layer_under_autocast_casts_its_input_once_and_keeps_the_output_path
 
     assert copies_of_shape(forward, [2, 21, 64]) == 1
     out, exact = forward(), gla_layer(x)
-    assert out.dtype == torch.bfloat16 and rel(out, exact) < 3e-2
+    assert out.dtype == torch.bfloat16 and rel_norm(out, exact) < 3e-2
     o, g = torch.randn(2, 21, 2, 32).bfloat16(), torch.randn(2, 21, 2, 32).bfloat16()
     with torch.autocast("cpu", dtype=torch.bfloat16):
         fused = gla_layer.gated_norm(o, g)
     unfused = gla_layer.g_norm(o.float()) * F.silu(g.float())
-    assert fused.dtype == torch.bfloat16 and rel(fused, unfused) < 1e-2
+    assert fused.dtype == torch.bfloat16 and rel_norm(fused, unfused) < 1e-2
 
 
 if __name__ == "__main__":

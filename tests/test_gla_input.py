@@ -13,6 +13,7 @@ import pytest
 import torch
 import triton_interpreter
 from timm.layers import RmsNorm
+from tolerance import rel_max
 
 import lkat_lens
 from lkat_lens.kernels import gla_input
@@ -63,11 +64,6 @@ def outputs_and_grads(fn, x, weight, norm_weight, cos, sin, do, heads: int) -> l
     return [out.detach(), *torch.autograd.grad(out, leaves, do.to(out.dtype))]
 
 
-def rel_err(a: torch.Tensor, b: torch.Tensor) -> float:
-    """Max abs difference relative to the reference's max magnitude."""
-    return ((a.double() - b.double()).abs().max() / b.double().abs().max()).item()
-
-
 def _fp64(fn):
     """fn on fp64 copies of its tensors (the rotary tables included)."""
     return lambda *ts, **kw: fn(*(t if t is None else t.double() for t in ts), **kw)
@@ -79,7 +75,7 @@ def _measure_case(case: tuple) -> dict:
     x, weight, norm_weight, cos, sin, do = make_case(B, T, H, DH, norm, rope, getattr(torch, dtype_name), layout, taps)
     got = outputs_and_grads(gla_input.gla_input, x, weight, norm_weight, cos, sin, do, H)
     ref = outputs_and_grads(_fp64(gla_input.gla_input_reference), x, weight, norm_weight, cos, sin, do, H)
-    errors = {name: rel_err(g, r) for name, g, r in zip(OUTPUTS, got, ref, strict=False)}
+    errors = {name: rel_max(g, r) for name, g, r in zip(OUTPUTS, got, ref, strict=False)}
     out_shape = (B, T, H, DH)
     expected = [(x.dtype, out_shape), (x.dtype, x.shape), (weight.dtype, weight.shape)]
     expected += [(norm_weight.dtype, norm_weight.shape)] if norm else []
@@ -102,7 +98,7 @@ def _check_op_and_compile() -> dict:
     compiled = torch.compile(fn, fullgraph=True, backend="aot_eager")
     eager = outputs_and_grads(fn, x, weight, norm_weight, cos, sin, do, 2)
     traced = outputs_and_grads(compiled, x, weight, norm_weight, cos, sin, do, 2)
-    return {"opcheck": True, "compile_err": max(rel_err(a, b) for a, b in zip(traced, eager, strict=True))}
+    return {"opcheck": True, "compile_err": max(rel_max(a, b) for a, b in zip(traced, eager, strict=True))}
 
 
 def _model_step(model: torch.nn.Module, images: torch.Tensor, mode: str) -> list[torch.Tensor]:
@@ -124,7 +120,7 @@ def _check_model() -> dict:
     errors = {}
     for mode in ("torch", "fused"):
         results = _model_step(model, images, mode)
-        errors[mode] = max(rel_err(a, b) for a, b in zip(results, exact, strict=True))
+        errors[mode] = max(rel_max(a, b) for a, b in zip(results, exact, strict=True))
     attn = model.blocks[0].attn
     x = torch.zeros(1, 4, attn.q_proj.out_features)
     fuses = attn.fuses_inputs(x)
@@ -196,9 +192,9 @@ def test_reference_matches_the_model_modules(rope_mode: str) -> None:
     modules = rope(norm(conv(x).unflatten(-1, (H, DH))))
     cos, sin = rope.channel_tables(T)
     reference = gla_input.gla_input_reference(x, conv.weight, norm.weight, cos, sin, H, 1e-6)
-    assert rel_err(reference, modules) < 1e-6
+    assert rel_max(reference, modules) < 1e-6
     plain = gla_input.gla_input_reference(x, conv.weight, None, None, None, H, 0.0)
-    assert rel_err(plain, conv(x).unflatten(-1, (H, DH))) < 1e-12
+    assert rel_max(plain, conv(x).unflatten(-1, (H, DH))) < 1e-12
 
 
 def test_input_validation() -> None:

@@ -12,6 +12,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 import triton_interpreter
+from tolerance import rel_max
 
 from lkat_lens.kernels import gla_short
 from lkat_lens.kernels.gla import gla_recurrent
@@ -76,20 +77,13 @@ def outputs_and_grads(fn, q, k, v, gk, do) -> list[torch.Tensor]:
     return [o.detach(), *torch.autograd.grad(o, leaves, do)]
 
 
-def rel_err(a: torch.Tensor, b: torch.Tensor) -> float:
-    """Max abs difference relative to the reference's max magnitude (absolute where the reference is all zero,
-    as dgk is at T = 1)."""
-    scale = b.double().abs().max()
-    return ((a.double() - b.double()).abs().max() / (scale if scale > 0 else 1.0)).item()
-
-
 def _measure_case(case: tuple) -> dict:
     """Errors of the kernels against the fp64 recurrence, and whether dtypes, shapes and values are right."""
     T, K, V, gate, dtype_name, layout = case
     q, k, v, gk, do = make_inputs(T, K, V, gate, getattr(torch, dtype_name), layout)
     got = outputs_and_grads(gla_short.gla_short, q, k, v, gk, do)
     ref = outputs_and_grads(lambda *x: gla_recurrent(*(t.double() for t in x))[0], q, k, v, gk, do.double())
-    errors = {name: rel_err(g, r) for name, g, r in zip(OUTPUTS, got, ref, strict=True)}
+    errors = {name: rel_max(g, r) for name, g, r in zip(OUTPUTS, got, ref, strict=True)}
     inputs = (v, q, k, v, gk)
     errors["layout_ok"] = all(g.dtype == x.dtype and g.shape == x.shape for g, x in zip(got, inputs, strict=True))
     errors["finite"] = all(bool(torch.isfinite(g).all()) for g in got)
@@ -104,7 +98,7 @@ def _check_op_and_compile() -> dict:
     compiled = torch.compile(lambda *x: gla_short.gla_short(*x, scale=0.25) * 2, fullgraph=True, backend="aot_eager")
     eager = outputs_and_grads(lambda *x: gla_short.gla_short(*x, scale=0.25) * 2, q, k, v, gk, do)
     traced = outputs_and_grads(compiled, q, k, v, gk, do)
-    return {"opcheck": True, "compile_err": max(rel_err(a, b) for a, b in zip(traced, eager, strict=True))}
+    return {"opcheck": True, "compile_err": max(rel_max(a, b) for a, b in zip(traced, eager, strict=True))}
 
 
 def interpreter_measurements() -> dict:

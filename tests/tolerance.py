@@ -41,3 +41,14 @@ def assert_allclose(actual, expected, *, rtol: float = 1e-7, atol: float = 0.0) 
     np.testing.assert_allclose(
         actual, expected, rtol=rtol, atol=atol * magnitude(np.asarray(actual), np.asarray(expected))
     )
+
+
+def rel_max(a: torch.Tensor, b: torch.Tensor) -> float:
+    """max |a - b| / max |b| in fp64 (absolute where the reference b is all zero, as dgk is at T = 1)."""
+    scale = b.double().abs().max()
+    return ((a.double() - b.double()).abs().max() / (scale if scale > 0 else 1.0)).item()
+
+
+def rel_norm(a: torch.Tensor, b: torch.Tensor) -> float:
+    """||a - b|| / ||b|| (Frobenius) in fp64."""
+    return ((a.double() - b.double()).norm() / b.double().norm()).item()

@@ -1,6 +1,7 @@
 """What the whole-model GPU tests share: KAN layers given weight, one forward/backward and relative errors."""
 
 import torch
+from tolerance import rel_norm
 
 import lkat_lens
 
@@ -12,11 +13,6 @@ def give_kan_weight(model: torch.nn.Module) -> torch.nn.Module:
             torch.nn.init.normal_(m.grid_linear.weight, std=0.5)
             torch.nn.init.normal_(m.dim_linear.weight, std=m.in_features**-0.5)
     return model
-
-
-def rel(a: torch.Tensor, b: torch.Tensor) -> float:
-    """||a - b|| / ||b|| in fp32."""
-    return ((a.float() - b.float()).norm() / b.float().norm()).item()
 
 
 def run(model, x, y, dtype: torch.dtype = torch.float32) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
@@ -31,5 +27,5 @@ def run(model, x, y, dtype: torch.dtype = torch.float32) -> tuple[torch.Tensor, 
 
 def worst_grad(grads: dict[str, torch.Tensor], grads_ref: dict[str, torch.Tensor]) -> tuple[str, float]:
     """The parameter whose gradient is furthest from the reference (relative), and that error."""
-    worst = max((n for n in grads_ref if grads_ref[n].norm() > 0), key=lambda n: rel(grads[n], grads_ref[n]))
-    return worst, rel(grads[worst], grads_ref[worst])
+    worst = max((n for n in grads_ref if grads_ref[n].norm() > 0), key=lambda n: rel_norm(grads[n], grads_ref[n]))
+    return worst, rel_norm(grads[worst], grads_ref[worst])

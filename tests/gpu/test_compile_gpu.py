@@ -12,16 +12,13 @@ import copy
 import pytest
 import torch
 import torch.nn.functional as F
+from tolerance import rel_norm
 
 import lkat_lens
 from lkat_lens.kernels import gla_fla, rbf
 from lkat_lens.kernels.gla import gla_recurrent
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")]
-
-
-def rel(a: torch.Tensor, b: torch.Tensor) -> float:
-    return ((a.double() - b.double()).norm() / b.double().norm()).item()
 
 
 def gla_inputs(dtype: torch.dtype, T: int = 201) -> list[torch.Tensor]:
@@ -57,8 +54,8 @@ def test_fla_op_matches_fla_autograd_and_the_recurrence(mode, dtype):
     truth = outputs_and_grads(lambda *x: gla_recurrent(*(t.double() for t in x), scale=0.125)[0], inputs, do)
     for name, a, b, t in zip(("o", "dq", "dk", "dv", "dgk"), ours, theirs, truth, strict=True):
         assert a.dtype == b.dtype or name == "o", name
-        assert rel(a, b) < (1e-6 if dtype == torch.float32 else 1e-2), (name, rel(a, b))
-        assert rel(a, t) <= 1.5 * rel(b, t) + 1e-6, (name, rel(a, t), rel(b, t))
+        assert rel_norm(a, b) < (1e-6 if dtype == torch.float32 else 1e-2), (name, rel_norm(a, b))
+        assert rel_norm(a, t) <= 1.5 * rel_norm(b, t) + 1e-6, (name, rel_norm(a, t), rel_norm(b, t))
 
 
 def test_rbf_kernel_writes_bf16_exactly_as_a_cast():
@@ -105,7 +102,8 @@ def test_compiled_lkat_bf16_matches_eager(lkat_setup, attn, kan):
     eager = step(model, x, y, torch.bfloat16)
     compiled = step(model, x, y, torch.bfloat16, "default")
     errors = {
-        name: (rel(c, t), rel(e, t)) for name, c, e, t in zip(("logits", "grads"), compiled, eager, truth, strict=True)
+        name: (rel_norm(c, t), rel_norm(e, t))
+        for name, c, e, t in zip(("logits", "grads"), compiled, eager, truth, strict=True)
     }
     print(f"bf16 attn={attn} kan={kan}: rel. error vs fp32 eager (compiled / eager) {errors}")
     for name, (compiled_err, eager_err) in errors.items():
@@ -124,7 +122,7 @@ def test_compiled_lkat_fp32_equals_eager(lkat_setup, kan):
     with torch.backends.cudnn.flags(enabled=True, allow_tf32=False):
         eager = step(model, x, y, torch.float32)
         compiled = step(model, x, y, torch.float32, "default")
-    errors = rel(compiled[0], eager[0]), rel(compiled[1], eager[1])
+    errors = rel_norm(compiled[0], eager[0]), rel_norm(compiled[1], eager[1])
     print(f"fp32: rel. error compiled vs eager (logits, grads) {errors}")
     assert errors[0] < 1e-4 and errors[1] < 1e-3, errors
     torch.compiler.reset()
@@ -146,7 +144,8 @@ def test_cuda_graphs_lkat_bf16_matches_eager(lkat_setup):
         F.cross_entropy(logits.float(), y).backward()
     graphed = logits.detach().float().clone(), torch.cat([p.grad.float().flatten() for p in model.parameters()])
     errors = {
-        name: (rel(g, t), rel(e, t)) for name, g, e, t in zip(("logits", "grads"), graphed, eager, truth, strict=True)
+        name: (rel_norm(g, t), rel_norm(e, t))
+        for name, g, e, t in zip(("logits", "grads"), graphed, eager, truth, strict=True)
     }
     print(f"bf16 CUDA graphs: rel. error vs fp32 eager (graphed / eager) {errors}")
     for name, (graphed_err, eager_err) in errors.items():
@@ -167,4 +166,4 @@ def test_hooks_still_take_the_materialised_path_on_cuda(lkat_setup):
     with torch.no_grad(), torch.autocast("cuda", dtype=torch.bfloat16):
         plain = model(x[:2]).float()
     assert seen == [torch.Size([2, 3, 201, 201])]
-    assert rel(hooked, plain) < 3e-2
+    assert rel_norm(hooked, plain) < 3e-2

@@ -7,6 +7,7 @@ import copy
 
 import pytest
 import torch
+from tolerance import rel_max, rel_norm
 
 import lkat_lens
 from lkat_lens.kernels.gla_input import gla_input, gla_input_reference
@@ -14,15 +15,6 @@ from lkat_lens.kernels.gla_input import gla_input, gla_input_reference
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")]
 
 TOL = {torch.float32: 1e-5, torch.bfloat16: 2e-2}
-
-
-def rel_max(a: torch.Tensor, b: torch.Tensor) -> float:
-    """Max abs difference relative to the reference's max magnitude."""
-    return ((a.double() - b.double()).abs().max() / b.double().abs().max()).item()
-
-
-def rel_norm(a: torch.Tensor, b: torch.Tensor) -> float:
-    return ((a.double() - b.double()).norm() / b.double().norm()).item()
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)

@@ -10,7 +10,8 @@ import copy
 
 import pytest
 import torch
-from model_paths import give_kan_weight, rel, run, worst_grad
+from model_paths import give_kan_weight, run, worst_grad
+from tolerance import rel_norm
 
 import lkat_lens
 
@@ -37,8 +38,10 @@ def test_fp32_fused_recurrent_matches_torch(setup):
     model, x, y, (logits_ref, grads_ref) = setup
     logits, grads = run(copy.deepcopy(model).set_backends(attn="fused_recurrent", kan="triton"), x, y, torch.float32)
     worst, worst_rel = worst_grad(grads, grads_ref)
-    print(f"fp32 fused_recurrent: logits rel {rel(logits, logits_ref):.2e}, worst grad {worst} rel {worst_rel:.2e}")
-    assert rel(logits, logits_ref) < 1e-4
+    print(
+        f"fp32 fused_recurrent: logits rel {rel_norm(logits, logits_ref):.2e}, worst grad {worst} rel {worst_rel:.2e}"
+    )
+    assert rel_norm(logits, logits_ref) < 1e-4
     assert worst_rel < 1e-3
 
 
@@ -57,10 +60,12 @@ def test_bf16_fast_paths_as_accurate_as_torch_paths(setup, attn_mode):
     (logits_fast, grads_fast), (logits_slow, grads_slow) = fast, slow
     assert torch.isfinite(logits_fast).all()
     errs = {
-        "logits": (rel(logits_fast, logits_true), rel(logits_slow, logits_true)),
-        "all grads": (rel(flat(grads_fast), flat(grads_true)), rel(flat(grads_slow), flat(grads_true))),
+        "logits": (rel_norm(logits_fast, logits_true), rel_norm(logits_slow, logits_true)),
+        "all grads": (rel_norm(flat(grads_fast), flat(grads_true)), rel_norm(flat(grads_slow), flat(grads_true))),
     }
-    params = {n: (rel(grads_fast[n], g), rel(grads_slow[n], g)) for n, g in grads_true.items() if g.norm() > 0}
+    params = {
+        n: (rel_norm(grads_fast[n], g), rel_norm(grads_slow[n], g)) for n, g in grads_true.items() if g.norm() > 0
+    }
     fast_params, slow_params = (torch.tensor([e[i] for e in params.values()]) for i in (0, 1))
     errs["median parameter"] = (fast_params.median().item(), slow_params.median().item())
     errs["worst parameter"] = (fast_params.max().item(), slow_params.max().item())

@@ -9,8 +9,9 @@ import copy
 
 import pytest
 import torch
-from model_paths import give_kan_weight, rel, run, worst_grad
+from model_paths import give_kan_weight, run, worst_grad
 from test_reference_configs import KATT_CASES, LKAT_CASES
+from tolerance import rel_norm
 
 import lkat_lens
 
@@ -51,7 +52,9 @@ def test_fast_paths_equal_torch_paths_fp32(name, case, options, attn, kan):
     logits_ref, grads_ref = run(copy.deepcopy(model).set_backends(attn="torch", kan="torch"), x, y)
     logits, grads = run(copy.deepcopy(model).set_backends(attn=attn, kan=kan), x, y)
     assert grads.keys() == grads_ref.keys()
-    assert rel(logits, logits_ref) < 2e-5, case
+    assert rel_norm(logits, logits_ref) < 2e-5, case
     worst, worst_rel = worst_grad(grads, grads_ref)
-    print(f"{name} {case} {attn}/{kan}: logits rel {rel(logits, logits_ref):.2e}, worst grad {worst} {worst_rel:.2e}")
+    print(
+        f"{name} {case} {attn}/{kan}: logits rel {rel_norm(logits, logits_ref):.2e}, worst grad {worst} {worst_rel:.2e}"
+    )
     assert worst_rel < 2e-4, worst
