@@ -12,10 +12,11 @@ Dispatcher modes (`gated_linear_attention`):
 - "auto": "fused_recurrent" for fp32 inputs or T <= AUTO_RECURRENT_MAX_T; otherwise "short" up to AUTO_SHORT_MAX_T
   tokens (head dims permitting), else "chunk". The threshold is the H100 length sweep (`bench_gla.py --lengths`,
   bf16, tokens per batch held at 128 x 201, 6 heads of 64, each replayed as a CUDA graph, so that the GPU's time is
-  compared and not Python's dispatch; 2026-11-24, with short's forward in two kernels): short's forward + backward
-  took 0.66, 0.66, 0.84, 1.11 and 1.59x chunk's time at T = 64, 201, 401, 1029 and 2048, its forward alone 0.75,
-  0.77, 0.77, 1.16 and 1.43x (few programs: one per (batch, head) walks T); the GPU tests check it against the fp64
-  recurrence at every T (tests/gpu/test_gla_short_gpu.py). Inference takes short too since its forward is two
+  compared and not Python's dispatch; 2026-11-25, short with its direct intra-chunk products): short's forward +
+  backward took 0.55, 0.55, 0.58, 0.92, 1.08 and 1.38x chunk's time at T = 64, 201, 401, 1029, 1537 and 2048, its
+  forward alone 0.64, 0.65, 0.67, 1.01, 1.11 and 1.33x (few programs: one per (batch, head) walks T); the GPU tests
+  check it against the fp64 recurrence at every T (tests/gpu/test_gla_short_gpu.py). Before the direct products the
+  sweep (2026-11-24) crossed between 401 and 1029 tokens and the threshold was 512. Inference takes short too since its forward is two
   kernels: in CUDA-graphed LKAT-T and LKAT-S forwards (bench_model.py --compare --attn auto short, one run each)
   short gave 23,320 and 10,680 img/s against chunk's 20,330 and 10,320. fla 0.6.0's `chunk_gla` faults with
   "CUDA error: misaligned address" on fp32 inputs (seen on an H100, torch 2.11, Triton 3.6; the fault poisons
@@ -38,7 +39,7 @@ from .dtypes import compute_dtype
 
 MODES = ("auto", "chunk", "fused_recurrent", "short", "torch")
 AUTO_RECURRENT_MAX_T = 64
-AUTO_SHORT_MAX_T = 512  # between the sweep's last win (401 tokens, 0.84x) and its first loss (1029, 1.11x)
+AUTO_SHORT_MAX_T = 1280  # between the sweep's last win (1029 tokens, 0.92x) and its first loss (1537, 1.08x)
 TORCH_CHUNK_SIZE = 32
 SUB_CHUNK = 4
 
