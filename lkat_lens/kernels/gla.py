@@ -16,12 +16,12 @@ Dispatcher modes (`gated_linear_attention`):
   backward took 0.55, 0.55, 0.58, 0.92, 1.08 and 1.38x chunk's time at T = 64, 201, 401, 1029, 1537 and 2048, its
   forward alone 0.64, 0.65, 0.67, 1.01, 1.11 and 1.33x (few programs: one per (batch, head) walks T); the GPU tests
   check it against the fp64 recurrence at every T (tests/gpu/test_gla_short_gpu.py). Before the direct products the
-  sweep (2026-11-24) crossed between 401 and 1029 tokens and the threshold was 512. Inference takes short too since its forward is two
-  kernels: in CUDA-graphed LKAT-T and LKAT-S forwards (bench_model.py --compare --attn auto short, one run each)
-  short gave 23,320 and 10,680 img/s against chunk's 20,330 and 10,320. fla 0.6.0's `chunk_gla` faults with
-  "CUDA error: misaligned address" on fp32 inputs (seen on an H100, torch 2.11, Triton 3.6; the fault poisons
-  the CUDA context); `fused_recurrent_gla` is accurate there. At T = 21, B = 32, H = 6, K = V = 64 in bf16 on
-  an H100, forward + backward took 1.0 ms fused_recurrent, 2.5 ms chunk.
+  sweep (2026-11-24) crossed between 401 and 1029 tokens and the threshold was 512. Inference takes short too
+  since its forward is two kernels: in CUDA-graphed LKAT-T and LKAT-S forwards (bench_model.py --compare --attn
+  auto short, one run each) short gave 23,320 and 10,680 img/s against chunk's 20,330 and 10,320. fla 0.6.0's
+  `chunk_gla` faults with "CUDA error: misaligned address" on fp32 inputs (seen on an H100, torch 2.11, Triton 3.6;
+  the fault poisons the CUDA context); `fused_recurrent_gla` is accurate there. At T = 21, B = 32, H = 6, K = V = 64
+  in bf16 on an H100, forward + backward took 1.0 ms fused_recurrent, 2.5 ms chunk.
 - "torch": `gla_chunked` with TORCH_CHUNK_SIZE, the exact torch form (the fastest chunk size measured on CPU).
   Inputs on the CPU always take this path, whatever the mode, since fla's Triton kernels cannot run there
   (fla is imported only when a CUDA path is taken).

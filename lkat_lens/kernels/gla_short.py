@@ -26,9 +26,10 @@ inter-chunk part of dq into the fp32 gate-gradient buffer and finds the sequence
 carries dS (the gradient of the state) in registers, adds the intra-chunk parts of dq and dk, and forms the gate
 gradient from the identity dL/dG_t = q_t * dq_t - k_t * dk_t (G = cumsum of gk), so dgk is its reverse cumsum
 over t. The reverse walk is written twice, direct and by levels, and a sequence takes one or the other whole.
-Backward ms at 3 / 6 / 12 heads of 64 (H100, bf16, batch 128, T 201, graph replays): levels only 0.362 / 0.569 /
-1.110, now 0.247 / 0.472 / 0.924; the choice made chunk by chunk inside one walk (both in its registers) 0.306 /
-0.492 / 0.963; a kernel with no level walk at all (wrong for fast gates) 0.233 / 0.428 / 0.847.
+Backward ms at 3 / 6 / 12 heads of 64 (H100, bf16, batch 128, T 201, graph replays, two runs each): levels only
+0.362-0.374 / 0.569-0.576 / 1.110-1.126, now 0.247 / 0.471-0.472 / 0.924-0.944; the choice made chunk by chunk inside
+one walk (both in its registers) 0.306 / 0.492 / 0.963; a kernel with no level walk at all (wrong for fast gates)
+0.233 / 0.428 / 0.847.
 Only q, k, v and gk are saved for the backward. Split like the forward (an intra-chunk kernel writing fp32 parts,
 then the walks adding the rest) it was slower at 6 and 12 heads: 0.62 / 1.21 against 0.57 / 1.12 ms (0.32 against
 0.37 at 3 heads), since the walks themselves are most of it and the fp32 parts add memory traffic.
