@@ -74,7 +74,8 @@ def test_dispatcher_matches_recurrence(mode: str, dtype: torch.dtype, T: int) ->
 def test_fla_chunk_fp32_matches_recurrence() -> None:
     """fla's chunk_gla on fp32, in a child process: its known fault there would poison this CUDA context."""
     code = (
-        f"import sys, torch; sys.path.insert(0, {str(Path(__file__).parent)!r}); import test_gla_gpu as t\n"
+        f"import sys, torch; sys.path[:0] = {[str(Path(__file__).parent), str(Path(__file__).parents[1])]!r}\n"
+        "import test_gla_gpu as t\n"
         f"for T in {LENGTHS}: t.check_against_recurrence('chunk', T, torch.float32)"
     )
     run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=900)
