@@ -34,6 +34,7 @@ CASES = {
         (1, 70, 2, 64, False, False, "float32", "model", 4),  # v's path, three row blocks
         (2, 33, 2, 32, True, False, "float32", "contiguous", 4),
         (2, 58, 2, 16, True, True, "float32", "model", 7),  # a wider halo (6 rows) across three row blocks
+        (1, 230, 2, 16, True, True, "float32", "model", 3),  # three programs along the rows, the last ragged
         (2, 30, 1, 16, False, False, "float32", "contiguous", 1),  # no halo
         (2, 40, 2, 64, True, True, "bfloat16", "model", 4),
         (3, 21, 1, 48, False, False, "bfloat16", "contiguous", 4),

@@ -13,8 +13,10 @@ The backward is one kernel. A program recomputes u from x on a tile of BT rows, 
 through the rotation (turn^T = -turn), the norm and the SiLU to du = dL/du (fp32, in registers), and applies the
 transposed convolution dx_t = sum_j w[:, j] * du_{t + TAPS - 1 - j} by shifting rows of that tile: it owns (writes dx
 and weight-gradient partials for) the first BT - TAPS + 1 rows, the last TAPS - 1 are the halo its rows need, so du
-never goes to memory. The per-program partial sums of the convolution and norm weight gradients are summed on the
-host in a fixed order (deterministic, no atomics). Only x is saved.
+never goes to memory. A program walks several such tiles of one sequence (`backward_tiles`): with up to ACC_TAPS
+taps it accumulates the weight-gradient products over them and sums once. The per-program partial sums of the
+convolution and norm weight gradients are summed on the host in a fixed order (deterministic, no atomics). Only x is
+saved.
 
 On CUDA the kernels are autotuned over warps (the forward also over row tiles); with TRITON_INTERPRET=1 in the
 environment before triton is first imported they run on CPU tensors with a fixed configuration. The op is a torch
@@ -35,11 +37,10 @@ from .dtypes import compute_dtype
 
 INTERPRET = os.environ.get("TRITON_INTERPRET", "0") == "1"
 INPUT_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
-# Rows per program of the backward kernel, halo included (fixed: it sets the number of weight-gradient partials).
-_BWD_ROWS = 32
 _INTERP_ROWS = 16
-# The widest convolution the kernels take (the backward's halo of TAPS - 1 rows stays under half its tile).
-MAX_TAPS = _BWD_ROWS // 2
+# The most taps whose weight-gradient products the backward accumulates over several row tiles (one register tile
+# per tap), and the widest convolution the kernels take (the backward's halo of TAPS - 1 rows under half its tile).
+ACC_TAPS, MAX_TAPS = 4, 16
 
 
 def turn(y: torch.Tensor) -> torch.Tensor:
@@ -161,69 +162,130 @@ def _fwd_kernel(
 
 
 @triton.jit
-def _bwd_kernel(
-    x_ptr, w_ptr, nw_ptr, cos_ptr, sin_ptr, do_ptr, dx_ptr, dw_ptr, dnw_ptr, sx0, sx1, sx2, sd0, sd1, sd2, T, H, D,
-    eps, DH: tl.constexpr, BD: tl.constexpr, TAPS: tl.constexpr, NORM: tl.constexpr, ROPE: tl.constexpr,
+def _tile_du(
+    x_ptr, w_ptr, nw_ptr, cos_ptr, sin_ptr, do_ptr, sx0, sx1, sx2, sd0, sd1, sd2, i_b, rows, c, cols, col_ok, owned,
+    T, eps, DH: tl.constexpr, BD: tl.constexpr, TAPS: tl.constexpr, NORM: tl.constexpr, ROPE: tl.constexpr,
     BT: tl.constexpr,
 ):  # fmt: skip
-    """dx ([B, T, D] contiguous) of the BT - TAPS + 1 rows of one (batch, head) this program owns, with its partial
-    sums of the convolution weight gradient (dw_ptr [D, TAPS, row blocks * B]) and of the norm weight's (dnw_ptr
-    [DH, programs]): partials last, so that the host sums contiguous rows. sd* are the output gradient's [B, T, D]
-    strides. du is computed on all BT rows (zero past T, where the output gradient is zero)."""
-    OWN: tl.constexpr = BT - (TAPS - 1)
-    i_t, i_bh, i_b, rows, c, col_ok, cols = _program_tile(H, DH, BD, BT, OWN)
-    blocks, programs = tl.num_programs(0), tl.num_programs(0) * tl.num_programs(1)
-    owned = (tl.arange(0, BT) < OWN)[:, None]
-    u = _conv(x_ptr, sx0, sx1, sx2, w_ptr, i_b, rows, cols, col_ok, T, TAPS, BT, BD)
-    s = tl.sigmoid(u)
-    y = u * s
+    """du = dL/du on a tile of BT rows (zero past T, where the output gradient is zero) and the norm weight's
+    gradient products on its owned rows (zero without a norm). The output gradient and the rotary tables are loaded
+    before x, so that their loads are in flight during the convolution's."""
     dm = _rows_of(do_ptr, sd0, sd1, sd2, i_b, rows, cols, col_ok, T)
     if ROPE:
         cos, sin = _table(cos_ptr, rows, c, col_ok, T, DH), _table(sin_ptr, rows, c, col_ok, T, DH)
+    u = _conv(x_ptr, sx0, sx1, sx2, w_ptr, i_b, rows, cols, col_ok, T, TAPS, BT, BD)
+    s = tl.sigmoid(u)
+    y = u * s
+    if ROPE:
         dm = dm * cos - _turn(dm * sin, BT, BD)
+    norm_products = tl.zeros((BT, BD), dtype=tl.float32)
     if NORM:
         r = _inv_rms(y, eps, DH)[:, None]
         n = y * r
-        d_norm = tl.sum(tl.where(owned, dm * n, 0.0), axis=0)
-        tl.store(dnw_ptr + c * programs + i_t * tl.num_programs(1) + i_bh, d_norm, mask=col_ok)
+        norm_products = tl.where(owned, dm * n, 0.0)
         dn = dm * tl.load(nw_ptr + c, mask=col_ok, other=0.0).to(tl.float32)[None, :]
         dm = r * (dn - n * (tl.sum(dn * n, axis=1) / DH)[:, None])
-    du = dm * (s + y * (1.0 - s))
-    du_owned = tl.where(owned, du, 0.0)
-    slots = blocks * (tl.num_programs(1) // H)  # (row block, sequence) pairs
-    dx = tl.zeros((BT, BD), dtype=tl.float32)
-    for j in tl.static_range(TAPS):
-        x = _rows_of(x_ptr, sx0, sx1, sx2, i_b, rows - (TAPS - 1 - j), cols, col_ok, T)
-        d_tap = tl.sum(du_owned * x, axis=0)
-        tl.store(dw_ptr + (cols * TAPS + j) * slots + i_t * (slots // blocks) + i_b, d_tap, mask=col_ok)
-        dx += _rows_ahead(du, TAPS - 1 - j, BT, BD) * _tap_weight(w_ptr, cols, col_ok, j, TAPS)[None, :]
-    owned_end = tl.minimum(T, i_t * OWN + OWN)
-    _store_rows(dx_ptr, T * D, D, 1, i_b, rows, cols, col_ok, owned_end, dx)
+    return dm * (s + y * (1.0 - s)), norm_products
 
 
-_KEY = ["DH", "TAPS", "NORM", "ROPE"]
+@triton.jit
+def _store_tap_sum(dw_ptr, products, j: tl.constexpr, TAPS: tl.constexpr, cols, col_ok, slots, slot):
+    """Tap j's weight-gradient partial: the column sums of its products, at dw_ptr [D, TAPS, slots]."""
+    tl.store(dw_ptr + (cols * TAPS + j) * slots + slot, tl.sum(products, axis=0), mask=col_ok)
+
+
+@triton.jit
+def _bwd_kernel(
+    x_ptr, w_ptr, nw_ptr, cos_ptr, sin_ptr, do_ptr, dx_ptr, dw_ptr, dnw_ptr, sx0, sx1, sx2, sd0, sd1, sd2, T, H, D,
+    eps, DH: tl.constexpr, BD: tl.constexpr, TAPS: tl.constexpr, NORM: tl.constexpr, ROPE: tl.constexpr,
+    BT: tl.constexpr, TILES: tl.constexpr, ACC: tl.constexpr,
+):  # fmt: skip
+    """dx ([B, T, D] contiguous) of the rows of one (batch, head) that this program owns: TILES consecutive tiles of
+    BT rows, each owning its first BT - TAPS + 1. With it the partial sums of the convolution weight gradient (dw_ptr
+    [D, TAPS, programs along the rows * B]) and of the norm weight's (dnw_ptr [DH, programs]): partials last, so that
+    the host sums contiguous rows. With ACC (at most four taps) each tap's products are accumulated over the tiles and
+    summed once; without it (TILES == 1) each is summed on its tile. sd* are the output gradient's [B, T, D]
+    strides."""
+    OWN: tl.constexpr = BT - (TAPS - 1)
+    i_g, i_bh, i_b, _, c, col_ok, cols = _program_tile(H, DH, BD, BT, OWN)
+    slots = tl.num_programs(0) * (tl.num_programs(1) // H)  # (row group, sequence) pairs
+    slot = i_g * (slots // tl.num_programs(0)) + i_b
+    owned = (tl.arange(0, BT) < OWN)[:, None]
+    acc0 = tl.zeros((BT, BD), dtype=tl.float32)
+    acc1 = tl.zeros((BT, BD), dtype=tl.float32)
+    acc2 = tl.zeros((BT, BD), dtype=tl.float32)
+    acc3 = tl.zeros((BT, BD), dtype=tl.float32)
+    acc_norm = tl.zeros((BT, BD), dtype=tl.float32)
+    for i in range(TILES):
+        start = (i_g * TILES + i) * OWN
+        rows = start + tl.arange(0, BT)
+        du, norm_products = _tile_du(
+            x_ptr, w_ptr, nw_ptr, cos_ptr, sin_ptr, do_ptr, sx0, sx1, sx2, sd0, sd1, sd2, i_b, rows, c, cols, col_ok,
+            owned, T, eps, DH, BD, TAPS, NORM, ROPE, BT,
+        )  # fmt: skip
+        acc_norm += norm_products
+        du_owned = tl.where(owned, du, 0.0)
+        dx = tl.zeros((BT, BD), dtype=tl.float32)
+        for j in tl.static_range(TAPS):
+            products = du_owned * _rows_of(x_ptr, sx0, sx1, sx2, i_b, rows - (TAPS - 1 - j), cols, col_ok, T)
+            if not ACC:
+                _store_tap_sum(dw_ptr, products, j, TAPS, cols, col_ok, slots, slot)
+            elif j == 0:
+                acc0 += products
+            elif j == 1:
+                acc1 += products
+            elif j == 2:
+                acc2 += products
+            else:
+                acc3 += products
+            dx += _rows_ahead(du, TAPS - 1 - j, BT, BD) * _tap_weight(w_ptr, cols, col_ok, j, TAPS)[None, :]
+        _store_rows(dx_ptr, T * D, D, 1, i_b, rows, cols, col_ok, tl.minimum(T, start + OWN), dx)
+    if ACC:
+        _store_tap_sum(dw_ptr, acc0, 0, TAPS, cols, col_ok, slots, slot)
+        if TAPS > 1:
+            _store_tap_sum(dw_ptr, acc1, 1, TAPS, cols, col_ok, slots, slot)
+        if TAPS > 2:
+            _store_tap_sum(dw_ptr, acc2, 2, TAPS, cols, col_ok, slots, slot)
+        if TAPS > 3:
+            _store_tap_sum(dw_ptr, acc3, 3, TAPS, cols, col_ok, slots, slot)
+    if NORM:
+        programs = tl.num_programs(0) * tl.num_programs(1)
+        tl.store(dnw_ptr + c * programs + i_g * tl.num_programs(1) + i_bh, tl.sum(acc_norm, axis=0), mask=col_ok)
+
+
+# Tuned per shape (heads and rows in the key): without them the first shape tuned set every later one's warps (a
+# test's small shape gave LKAT-S's backward 4 warps in the model, 0.141 ms a call where 2 take 0.106, H100).
+_KEY = ["DH", "TAPS", "NORM", "ROPE", "H", "T"]
 _KERNELS = {"forward": _fwd_kernel, "backward": _bwd_kernel}
 
 
 @functools.cache
 def _autotuned(kernel_name: str) -> triton.runtime.KernelInterface:
-    """A kernel autotuned on CUDA: the forward over (row tile, warps), the backward over warps (one warp wins for v's
-    path, no norm and no RoPE: 0.039 -> 0.035 ms at LKAT-T's shape, 0.077 -> 0.064 at LKAT-S's, H100)."""
+    """A kernel autotuned on CUDA: the forward over (row tile, warps), the backward over warps (its tiles set by
+    `backward_tiles`)."""
     if kernel_name == "forward":
         configs = [triton.Config({"BT": bt}, num_warps=w) for bt in (16, 32, 64) for w in (2, 4)]
     else:
-        configs = [triton.Config({"BT": _BWD_ROWS}, num_warps=w) for w in (1, 2, 4, 8)]
+        configs = [triton.Config({}, num_warps=w) for w in (1, 2, 4, 8)]
     return triton.autotune(configs=configs, key=_KEY)(_KERNELS[kernel_name])
 
 
-def _launch(kernel_name: str, rows_per_program: int | None, blocks, B: int, H: int, *args, **meta) -> None:
+def _launch(kernel_name: str, blocks, B: int, H: int, *args, **meta) -> None:
     """Launch kernel `kernel_name` ("forward" or "backward") over (blocks(BT) row blocks, B * H): the interpreter
-    with a fixed tile, CUDA autotuned."""
+    with a fixed configuration (the forward's row tile _INTERP_ROWS), CUDA autotuned."""
     if INTERPRET:
-        bt = rows_per_program or _INTERP_ROWS
-        _KERNELS[kernel_name][(blocks(bt), B * H)](*args, BT=bt, **meta)
+        meta = {"BT": _INTERP_ROWS} | meta
+        _KERNELS[kernel_name][(blocks(meta["BT"]), B * H)](*args, **meta)
     else:
         _autotuned(kernel_name)[lambda m: (blocks(m["BT"]), B * H)](*args, **meta)
+
+
+def backward_tiles(taps: int) -> tuple[int, int]:
+    """(rows per tile, tiles per program) of the backward: 16-row tiles, 8 per program with their weight-gradient
+    products accumulated, up to ACC_TAPS taps (5-20 % faster than one 32-row tile per program at LKAT-T/S/B's shapes
+    and LKAT-S at 1024², H100); one 32-row tile per program beyond, which keeps the halo of TAPS - 1 rows under half
+    of it."""
+    return (16, 8) if taps <= ACC_TAPS else (32, 1)
 
 
 def _operands(x, conv_weight, norm_weight, cos, sin, heads: int) -> tuple[tuple[torch.Tensor, ...], dict]:
@@ -243,7 +305,7 @@ def gla_input_fwd(x, conv_weight, norm_weight, cos, sin, heads: int, eps: float)
     if out.numel():
         weights, meta = _operands(x, conv_weight, norm_weight, cos, sin, heads)
         args = (x, *weights, out, *x.stride(), *out.flatten(2).stride(), T, heads, eps)
-        _launch("forward", None, lambda bt: triton.cdiv(T, bt), B, heads, *args, **meta)
+        _launch("forward", lambda bt: triton.cdiv(T, bt), B, heads, *args, **meta)
     return out
 
 
@@ -252,15 +314,17 @@ def gla_input_bwd(x, conv_weight, norm_weight, cos, sin, do, heads: int, eps: fl
     B, T, D = x.shape
     taps = conv_weight.shape[-1]
     norm = norm_weight is not None
-    blocks = triton.cdiv(T, _BWD_ROWS - (taps - 1))
-    dw = torch.empty(D, taps, blocks * B, dtype=torch.float32, device=x.device)
-    dnw = torch.empty(D // heads, blocks * B * heads if norm else 0, dtype=torch.float32, device=x.device)
+    rows, tiles = backward_tiles(taps)
+    groups = triton.cdiv(triton.cdiv(T, rows - (taps - 1)), tiles)  # programs along the rows
+    dw = torch.empty(D, taps, groups * B, dtype=torch.float32, device=x.device)
+    dnw = torch.empty(D // heads, groups * B * heads if norm else 0, dtype=torch.float32, device=x.device)
     dx = torch.empty(B, T, D, dtype=x.dtype, device=x.device)
     if dx.numel():  # else the empty partials sum to zero gradients
         weights, meta = _operands(x, conv_weight, norm_weight, cos, sin, heads)
         strides = (*x.stride(), *do.flatten(2).stride())
         args = (x, *weights, do.flatten(2), dx, dw, dnw, *strides, T, heads, D, eps)
-        _launch("backward", _BWD_ROWS, lambda bt: blocks, B, heads, *args, **meta)
+        tiling = dict(BT=rows, TILES=tiles, ACC=taps <= ACC_TAPS)
+        _launch("backward", lambda bt: groups, B, heads, *args, **meta, **tiling)
     d_conv = dw.sum(-1).reshape(conv_weight.shape).to(conv_weight.dtype)
     d_norm = dnw.sum(-1).to(norm_weight.dtype) if norm else dnw.new_empty(0, D // heads)
     return dx, d_conv, d_norm
