@@ -380,24 +380,20 @@ def compare_ratios(rows: list[dict]) -> None:
                     r["train_memory_x_vit"] = r["train_peak_GiB"] / ref["train_peak_GiB"]
 
 
-BACKEND_KEYS = ("attn", "kan", "gla_input", "gla_gate")  # LKAT.set_backends' keywords, recorded in every row
-
-
 def compared_variants(size: str, args: argparse.Namespace) -> list[tuple[str, str, dict, dict, float]]:
     """(label, registry name, create kwargs, backends, activation memory budget): the ViT (inductor's default
-    budget), then LKAT with every combination of --attn, --kan, --gla-input, --gla-gate and --memory-budgets."""
+    budget), then LKAT with every combination of --attn, --kan, --gla-input and --memory-budgets."""
     rows = []
     for label, name, kwargs in compared_models(size, args.tiny):
         if not name.startswith("lkat"):
             rows.append((label, name, kwargs, {}, 1.0))
             continue
-        for attn, kan, gla_input, gla_gate in itertools.product(args.attn, args.kan, args.gla_input, args.gla_gate):
+        for attn, kan, gla_input in itertools.product(args.attn, args.kan, args.gla_input):
             for budget in args.memory_budgets:
                 suffix = ("" if budget == 1.0 else f" budget {budget:g}") + (
                     "" if gla_input == "auto" else f" {gla_input} inputs"
                 )
-                suffix += "" if gla_gate == "auto" else f" {gla_gate} gate"
-                backends = {"attn": attn, "kan": kan, "gla_input": gla_input, "gla_gate": gla_gate}
+                backends = {"attn": attn, "kan": kan, "gla_input": gla_input}
                 rows.append((f"{label} {attn}/{kan}{suffix}", name, kwargs, backends, budget))
     return rows
 
@@ -409,7 +405,7 @@ def compare(args: argparse.Namespace, out: Path) -> list[dict]:
         for mode in args.compile_modes:  # modes outside: a run cut short keeps both models of the first modes
             for label, name, kwargs, backends, budget in compared_variants(size, args):
                 row = {"label": label, "model": name, "pair": size, "compile": mode}
-                row |= {k: backends.get(k) for k in BACKEND_KEYS} | {"activation_memory_budget": budget}
+                row |= {k: backends.get(k) for k in ("attn", "kan", "gla_input")} | {"activation_memory_budget": budget}
                 row |= {"batch": args.batch, "img_size": args.img_size, "device": args.device}
                 start = time.perf_counter()
                 try:
@@ -485,14 +481,6 @@ def main() -> None:
         default=["auto"],
         choices=["auto", "fused", "torch"],
         help="--compare: LKAT's GLA input paths (models.attention.INPUT_MODES; auto: the fused kernel on CUDA)",
-    )
-    parser.add_argument(
-        "--gla-gate",
-        nargs="+",
-        default=["auto"],
-        choices=["auto", "torch"],
-        help="--compare: where LKAT's GLA gate is applied (models.attention.GATE_MODES; auto: inside the short "
-        "kernels, torch: the log gates formed before the GLA)",
     )
     parser.add_argument("--compile-modes", nargs="+", default=["eager", "default"], choices=COMPILE_MODES)
     parser.add_argument("--tiny", action="store_true", help="--compare lkat_micro with a ViT of its size")

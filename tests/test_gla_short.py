@@ -19,9 +19,6 @@ from lkat_lens.kernels.gla import gla_recurrent
 
 # log forget gates: logsigmoid(randn) * scale, or the named special pattern ("mixed": batch 0 mild, batch 1 extreme)
 GATES = {"mild": 1 / 16, "strong": 2.0, "near_one": 1e-3, "extreme": None, "mixed": None}
-# gate logits x for the kernels' own gate logsigmoid(x) / norm: name -> (norm, scale, shift) of x = randn * scale +
-# shift; "logits" as LKAT's, "logits_fast" decays by ~4 per step (chunks beyond SAFE_LOG: the level walk)
-LOGITS = {"logits": (16.0, 1.0, 0.0), "logits_fast": (2.0, 1.0, -8.0)}
 # ||out - ref||_max / ||ref||_max for o, dq, dk, dv, dgk: outputs are stored in the input dtype
 TOL = {"float32": 1e-5, "bfloat16": 1e-2}
 OUTPUTS = ("o", "dq", "dk", "dv", "dgk")
@@ -42,24 +39,17 @@ CASES = {
         (201, 64, 64, "mild", "bfloat16", "model"),
         (65, 32, 64, "strong", "bfloat16", "contiguous"),
         (201, 64, 64, "mixed", "bfloat16", "model"),
-        (37, 32, 32, "logits", "float32", "contiguous"),
-        (37, 32, 16, "logits_fast", "float32", "contiguous"),
-        (201, 64, 64, "logits", "bfloat16", "model"),
     ]
 }
 
 
 def make_inputs(T: int, K: int, V: int, gate: str, dtype: torch.dtype, layout: str, seed: int = 0) -> tuple:
-    """q, k, v in dtype, fp32 log gates (gate logits for the LOGITS patterns) and an output gradient, [B=2, T, H=2,
-    *]."""
+    """q, k, v in dtype, fp32 log gates and an output gradient, [B=2, T, H=2, *]."""
     B, H = 2, 2
     gen = torch.Generator().manual_seed(seed)
     q, k = (torch.randn(B, T, H, K, generator=gen) for _ in range(2))
     v = torch.randn(B, T, H, V, generator=gen)
-    if gate in LOGITS:
-        _, scale, shift = LOGITS[gate]
-        gk = torch.randn(B, T, H, K, generator=gen) * scale + shift
-    elif gate in ("extreme", "mixed"):
+    if gate in ("extreme", "mixed"):
         gk = torch.full((B, T, H, K), -30.0)
         gk[:, ::7] = 0.0
         if gate == "mixed":
@@ -88,19 +78,11 @@ def outputs_and_grads(fn, q, k, v, gk, do) -> list[torch.Tensor]:
 
 
 def _measure_case(case: tuple) -> dict:
-    """Errors of the kernels against the fp64 recurrence, and whether dtypes, shapes and values are right. The
-    LOGITS patterns give the kernels gate logits and the reference logsigmoid(x) / norm of them in fp64, so that
-    the last gradient is the logits'."""
+    """Errors of the kernels against the fp64 recurrence, and whether dtypes, shapes and values are right."""
     T, K, V, gate, dtype_name, layout = case
     q, k, v, gk, do = make_inputs(T, K, V, gate, getattr(torch, dtype_name), layout)
-    norm = LOGITS[gate][0] if gate in LOGITS else None
-
-    def reference(q, k, v, g):
-        g = g.double()
-        return gla_recurrent(q.double(), k.double(), v.double(), g if norm is None else F.logsigmoid(g) / norm)[0]
-
-    got = outputs_and_grads(lambda *x: gla_short.gla_short(*x, gate_norm=norm), q, k, v, gk, do)
-    ref = outputs_and_grads(reference, q, k, v, gk, do.double())
+    got = outputs_and_grads(gla_short.gla_short, q, k, v, gk, do)
+    ref = outputs_and_grads(lambda *x: gla_recurrent(*(t.double() for t in x))[0], q, k, v, gk, do.double())
     errors = {name: rel_max(g, r) for name, g, r in zip(OUTPUTS, got, ref, strict=True)}
     inputs = (v, q, k, v, gk)
     errors["layout_ok"] = all(g.dtype == x.dtype and g.shape == x.shape for g, x in zip(got, inputs, strict=True))
@@ -112,8 +94,7 @@ def _check_op_and_compile() -> dict:
     """torch.library.opcheck of the custom op, and torch.compile(fullgraph=True) through it."""
     q, k, v, gk, do = make_inputs(5, 16, 16, "mild", torch.float32, "model")
     q, k, v, gk = (x.requires_grad_() for x in (q, k, v, gk))
-    torch.library.opcheck(torch.ops.lkat_lens.gla_short, (q, k, v, gk, 0.25, None))
-    torch.library.opcheck(torch.ops.lkat_lens.gla_short, (q, k, v, gk, 0.25, 16.0))
+    torch.library.opcheck(torch.ops.lkat_lens.gla_short, (q, k, v, gk, 0.25))
     compiled = torch.compile(lambda *x: gla_short.gla_short(*x, scale=0.25) * 2, fullgraph=True, backend="aot_eager")
     eager = outputs_and_grads(lambda *x: gla_short.gla_short(*x, scale=0.25) * 2, q, k, v, gk, do)
     traced = outputs_and_grads(compiled, q, k, v, gk, do)
@@ -151,14 +132,6 @@ def test_cases_take_both_intra_chunk_paths(dtype: str) -> None:
         assert direct[0].all() and not direct[1].any()
 
 
-def test_logit_cases_take_both_intra_chunk_paths() -> None:
-    """The kernels' own gate: "logits" walks directly, "logits_fast" by the levels."""
-    for gate, direct in (("logits", True), ("logits_fast", False)):
-        (T, K, V, _, dtype, layout), *_ = (case for case in CASES.values() if case[3] == gate)
-        logits = make_inputs(T, K, V, gate, getattr(torch, dtype), layout)[3]
-        assert bool((direct_sequences(F.logsigmoid(logits) / LOGITS[gate][0]) == direct).all())
-
-
 def test_custom_op_passes_opcheck_and_compiles_without_graph_break(interp: dict) -> None:
     assert interp["op"]["opcheck"]
     assert interp["op"]["compile_err"] < 1e-6
@@ -175,8 +148,6 @@ def test_input_validation() -> None:
         gla_short.gla_short(q, q[:, :2], v, q)
     with pytest.raises(ValueError, match="operands in"):
         gla_short.gla_short(q.double(), q, v, q)
-    with pytest.raises(ValueError, match="gate_norm must be positive"):
-        gla_short.gla_short(q, q, v, q, gate_norm=0.0)
     if not gla_short.INTERPRET:
         with pytest.raises(RuntimeError, match="CUDA"):
             gla_short.gla_short(q, q, v, q)

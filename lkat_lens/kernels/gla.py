@@ -170,43 +170,16 @@ def gated_linear_attention(
     mode: str = "auto",
 ) -> torch.Tensor:
     """GLA output [B, T, H, V]: Triton kernels on CUDA, the exact torch chunked form on CPU or with mode "torch"."""
-    kernel, scale = _kernel_mode(q, v, mode), _default_scale(q, scale)
-    if kernel == "torch":
-        return gla_chunked(q, k, v, gk, scale=scale, chunk_size=TORCH_CHUNK_SIZE)[0]
-    if kernel == "short":
-        return gla_short.gla_short(q, k, v, gk, scale)
-    return gla_fla.fla_gla(q, k, v, gk, scale, kernel)
-
-
-def log_gates(gate_logits: torch.Tensor, gate_norm: float) -> torch.Tensor:
-    """The log forget gates of fla's GatedLinearAttention from its gate logits x: logsigmoid(x) / gate_norm."""
-    return F.logsigmoid(gate_logits) / gate_norm
-
-
-def gla_from_logits(
-    q: torch.Tensor,
-    k: torch.Tensor,
-    v: torch.Tensor,
-    gate_logits: torch.Tensor,
-    gate_norm: float,
-    scale: float | None = None,
-    mode: str = "auto",
-) -> torch.Tensor:
-    """GLA output [B, T, H, V] with the log gates log_gates(gate_logits, gate_norm) [B, T, H, K], gradients to the
-    logits. The "short" kernels apply the gate themselves, so the log gates are never stored and their backward
-    returns the logits' gradient; every other mode forms the log gates first."""
-    if _kernel_mode(q, v, mode) == "short":
-        return gla_short.gla_short(q, k, v, gate_logits, _default_scale(q, scale), gate_norm)
-    return gated_linear_attention(q, k, v, log_gates(gate_logits, gate_norm), scale, mode)
-
-
-def _kernel_mode(q: torch.Tensor, v: torch.Tensor, mode: str) -> str:
-    """The path a dispatcher mode takes for these operands: "torch" on the CPU, `_auto_mode`'s choice for "auto"."""
     if mode not in MODES:
         raise ValueError(f"unknown GLA mode {mode!r}; expected one of {MODES}")
+    scale = _default_scale(q, scale)
     if mode == "torch" or not q.is_cuda:
-        return "torch"
-    return _auto_mode(q, v) if mode == "auto" else mode
+        return gla_chunked(q, k, v, gk, scale=scale, chunk_size=TORCH_CHUNK_SIZE)[0]
+    if mode == "auto":
+        mode = _auto_mode(q, v)
+    if mode == "short":
+        return gla_short.gla_short(q, k, v, gk, scale)
+    return gla_fla.fla_gla(q, k, v, gk, scale, mode)
 
 
 def _auto_mode(q: torch.Tensor, v: torch.Tensor) -> str:

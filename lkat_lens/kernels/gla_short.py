@@ -78,20 +78,10 @@ def _store_tile(ptr, strides, i_b, i_h, x, rows, cols, T):
 
 
 @triton.jit
-def _gates(g_ptr, strides, i_b, i_h, rows, cols, T, gate_norm, LOGITS: tl.constexpr):
-    """(b, b_last) of a chunk: the log-gate cumsum from the chunk start [CHUNK, K] and its total [K]. With LOGITS
-    g_ptr holds gate logits x and the log gates are logsigmoid(x) / gate_norm (0 past T)."""
+def _gates(g_ptr, strides, i_b, i_h, rows, cols, T):
+    """(b, b_last) of a chunk: the log-gate cumsum from the chunk start [CHUNK, K] and its total [K]."""
     g = _tile(g_ptr, strides, i_b, i_h, rows, cols, T)
-    if LOGITS:  # log(1 + e) for log1p(e): off by under 6e-8 where e < 2^-24, far below the cumsum's own rounding
-        g = tl.where((rows < T)[:, None], (tl.minimum(g, 0.0) - tl.log(1.0 + tl.exp(-tl.abs(g)))) / gate_norm, 0.0)
     return tl.cumsum(g, axis=0), tl.sum(g, axis=0)
-
-
-@triton.jit
-def _gate_slope(x, gate_norm):
-    """d/dx logsigmoid(x) / gate_norm = sigmoid(-x) / gate_norm."""
-    e = tl.exp(-tl.abs(x))
-    return tl.where(x >= 0, e, 1.0) / ((1.0 + e) * gate_norm)
 
 
 @triton.jit
@@ -142,8 +132,8 @@ def _level_scores(q, k, b, rt, PRECISION: tl.constexpr):
 
 @triton.jit
 def _gla_short_fwd_intra_kernel(
-    q_ptr, k_ptr, v_ptr, g_ptr, oa_ptr, sq, sk, sv, sg, so, T, H, scale, gate_norm,
-    K: tl.constexpr, V: tl.constexpr, PRECISION: tl.constexpr, LOGITS: tl.constexpr,
+    q_ptr, k_ptr, v_ptr, g_ptr, oa_ptr, sq, sk, sv, sg, so, T, H, scale,
+    K: tl.constexpr, V: tl.constexpr, PRECISION: tl.constexpr,
 ):  # fmt: skip
     """The intra-chunk output A @ v of one (batch * head, chunk) into the fp32 accumulator oa (o's strides so),
     which _gla_short_fwd_kernel reads."""
@@ -156,7 +146,7 @@ def _gla_short_fwd_intra_kernel(
     q = _tile(q_ptr, sq, i_b, i_h, rows, ck, T) * scale
     k = _tile(k_ptr, sk, i_b, i_h, rows, ck, T)
     v = _tile(v_ptr, sv, i_b, i_h, rows, cv, T)
-    b = _gates(g_ptr, sg, i_b, i_h, rows, ck, T, gate_norm, LOGITS)[0]
+    b = _gates(g_ptr, sg, i_b, i_h, rows, ck, T)[0]
     if tl.max(_span(b), axis=0) <= SAFE_LOG:
         q_up, k_down = _direct_factors(q, k, b)
         scores = tl.where(rt[:, None] >= rt[None, :], _mm(q_up, tl.trans(k_down), PRECISION), 0.0)
@@ -167,8 +157,8 @@ def _gla_short_fwd_intra_kernel(
 
 @triton.jit
 def _gla_short_fwd_kernel(
-    q_ptr, k_ptr, v_ptr, g_ptr, o_ptr, oa_ptr, sq, sk, sv, sg, so, T, H, scale, gate_norm, programs,
-    K: tl.constexpr, V: tl.constexpr, BV: tl.constexpr, PRECISION: tl.constexpr, LOGITS: tl.constexpr,
+    q_ptr, k_ptr, v_ptr, g_ptr, o_ptr, oa_ptr, sq, sk, sv, sg, so, T, H, scale, programs,
+    K: tl.constexpr, V: tl.constexpr, BV: tl.constexpr, PRECISION: tl.constexpr,
 ):  # fmt: skip
     """o = the intra-chunk part in oa + the inter-chunk part (q_t * exp(b_t))^T S, for one (batch * head, V tile):
     walks the chunks with the [K, BV] state in registers. sq ... so are the operands' [B, T, H, D] strides (oa has
@@ -184,7 +174,7 @@ def _gla_short_fwd_kernel(
         q = _tile(q_ptr, sq, i_b, i_h, rows, ck, T) * scale
         k = _tile(k_ptr, sk, i_b, i_h, rows, ck, T)
         v = _tile(v_ptr, sv, i_b, i_h, rows, cv, T)
-        b, b_last = _gates(g_ptr, sg, i_b, i_h, rows, ck, T, gate_norm, LOGITS)
+        b, b_last = _gates(g_ptr, sg, i_b, i_h, rows, ck, T)
         o = _tile(oa_ptr, so, i_b, i_h, rows, cv, T) + _mm(q * tl.exp(b), state, PRECISION)
         _store_tile(o_ptr, so, i_b, i_h, o, rows, cv, T)
         state = _carry(state, k, v, b, b_last, PRECISION)
@@ -193,8 +183,7 @@ def _gla_short_fwd_kernel(
 @triton.jit
 def _reverse_walk(
     q_ptr, k_ptr, v_ptr, g_ptr, do_ptr, dq_ptr, dk_ptr, dv_ptr, dg_ptr, sq, sk, sv, sg, sdo, sgk, sgv,
-    i_b, i_h, T, scale, gate_norm, K: tl.constexpr, V: tl.constexpr, PRECISION: tl.constexpr,
-    LOGITS: tl.constexpr, DIRECT: tl.constexpr,
+    i_b, i_h, T, scale, K: tl.constexpr, V: tl.constexpr, PRECISION: tl.constexpr, DIRECT: tl.constexpr,
 ):  # fmt: skip
     """The backward's reverse walk over one (batch, head) with dS, the gradient of the state that enters the later
     chunks: dq (its inter-chunk part read from dg), dk, dv and dgk. DIRECT: the direct intra-chunk products (every
@@ -213,7 +202,7 @@ def _reverse_walk(
         k = _tile(k_ptr, sk, i_b, i_h, rows, ck, T)
         v = _tile(v_ptr, sv, i_b, i_h, rows, cv, T)
         do = _tile(do_ptr, sdo, i_b, i_h, rows, cv, T)
-        b, b_last = _gates(g_ptr, sg, i_b, i_h, rows, ck, T, gate_norm, LOGITS)
+        b, b_last = _gates(g_ptr, sg, i_b, i_h, rows, ck, T)
         dq = _tile(dg_ptr, sgk, i_b, i_h, rows, ck, T)
         d_scores = _mm(do, tl.trans(v), PRECISION)  # [t, s] = do_t . v_s (used where s <= t)
         if DIRECT:
@@ -237,10 +226,7 @@ def _reverse_walk(
         dv = _mm(tl.trans(scores), do, PRECISION) + _mm(k * to_end, d_state, PRECISION)
         dk += to_end * _mm(v, tl.trans(d_state), PRECISION)
         d = q * dq - k * dk
-        dg = tl.cumsum(d, axis=0, reverse=True) + later[None, :]
-        if LOGITS:  # the gradient of the logits: dgk * sigmoid(-x) / gate_norm
-            dg *= _gate_slope(_tile(g_ptr, sg, i_b, i_h, rows, ck, T), gate_norm)
-        _store_tile(dg_ptr, sgk, i_b, i_h, dg, rows, ck, T)
+        _store_tile(dg_ptr, sgk, i_b, i_h, tl.cumsum(d, axis=0, reverse=True) + later[None, :], rows, ck, T)
         later += tl.sum(d, axis=0)
         _store_tile(dq_ptr, sgk, i_b, i_h, dq * scale, rows, ck, T)
         _store_tile(dk_ptr, sgk, i_b, i_h, dk, rows, ck, T)
@@ -251,10 +237,9 @@ def _reverse_walk(
 @triton.jit
 def _gla_short_bwd_kernel(
     q_ptr, k_ptr, v_ptr, g_ptr, do_ptr, dq_ptr, dk_ptr, dv_ptr, dg_ptr, sq, sk, sv, sg, sdo, sgk, sgv, T, H, scale,
-    gate_norm, programs, K: tl.constexpr, V: tl.constexpr, PRECISION: tl.constexpr, LOGITS: tl.constexpr,
+    programs, K: tl.constexpr, V: tl.constexpr, PRECISION: tl.constexpr,
 ):  # fmt: skip
-    """dq, dk, dv and the fp32 dgk (with LOGITS: the logits' gradient) of one (batch * head). dq, dk and dg share
-    the strides sgk, dv has sgv."""
+    """dq, dk, dv and the fp32 dgk of one (batch * head). dq, dk and dg share the strides sgk, dv has sgv."""
     i_bh = tl.program_id(0)
     i_b, i_h = (i_bh // H).to(tl.int64), (i_bh % H).to(tl.int64)
     rt = tl.arange(0, CHUNK)
@@ -269,7 +254,7 @@ def _gla_short_bwd_kernel(
         k = _tile(k_ptr, sk, i_b, i_h, rows, ck, T)
         v = _tile(v_ptr, sv, i_b, i_h, rows, cv, T)
         do = _tile(do_ptr, sdo, i_b, i_h, rows, cv, T)
-        b, b_last = _gates(g_ptr, sg, i_b, i_h, rows, ck, T, gate_norm, LOGITS)
+        b, b_last = _gates(g_ptr, sg, i_b, i_h, rows, ck, T)
         _store_tile(dg_ptr, sgk, i_b, i_h, _mm(do, tl.trans(state), PRECISION) * tl.exp(b), rows, ck, T)
         state = _carry(state, k, v, b, b_last, PRECISION)
         span = tl.maximum(span, _span(b))
@@ -277,9 +262,9 @@ def _gla_short_bwd_kernel(
 
     args = (q_ptr, k_ptr, v_ptr, g_ptr, do_ptr, dq_ptr, dk_ptr, dv_ptr, dg_ptr, sq, sk, sv, sg, sdo, sgk, sgv)
     if tl.max(span, axis=0) <= SAFE_LOG:
-        _reverse_walk(*args, i_b, i_h, T, scale, gate_norm, K, V, PRECISION, LOGITS, True)
+        _reverse_walk(*args, i_b, i_h, T, scale, K, V, PRECISION, True)
     else:
-        _reverse_walk(*args, i_b, i_h, T, scale, gate_norm, K, V, PRECISION, LOGITS, False)
+        _reverse_walk(*args, i_b, i_h, T, scale, K, V, PRECISION, False)
 
 
 def _forward_configs(V: int) -> list[triton.Config]:
@@ -354,16 +339,8 @@ def _check(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, gk: torch.Tensor) 
         raise RuntimeError("gla_short needs CUDA tensors (or TRITON_INTERPRET=1 before importing triton)")
 
 
-def _gate_meta(gate_norm: float | None) -> tuple[float, dict]:
-    """The kernels' gate arguments: (gate_norm, {"LOGITS": ...}); gk holds logits when a normaliser is given."""
-    return (1.0 if gate_norm is None else float(gate_norm)), {"LOGITS": gate_norm is not None}
-
-
-def gla_short_fwd(
-    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, gk: torch.Tensor, scale: float, gate_norm: float | None = None
-) -> torch.Tensor:
-    """GLA output [B, T, H, V] in q's dtype; with gate_norm, gk holds gate logits x (log gates logsigmoid(x) /
-    gate_norm)."""
+def gla_short_fwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, gk: torch.Tensor, scale: float) -> torch.Tensor:
+    """GLA output [B, T, H, V] in q's dtype."""
     B, T, H, K = q.shape
     V = v.shape[-1]
     o = torch.empty(B, T, H, V, dtype=q.dtype, device=q.device)
@@ -372,12 +349,11 @@ def gla_short_fwd(
     # fp32 outputs take the intra-chunk part in place; 16-bit ones round the sum of both parts once
     accumulator = o if o.dtype == torch.float32 else torch.empty(o.shape, dtype=torch.float32, device=o.device)
     strides = (q.stride(), k.stride(), v.stride(), gk.stride(), o.stride())
-    norm, gate = _gate_meta(gate_norm)
-    meta = dict(K=K, V=V, PRECISION=_precision(q, k, v), **gate)
+    meta = dict(K=K, V=V, PRECISION=_precision(q, k, v))
     _kernel("fwd_intra", V)[(B * H, triton.cdiv(T, CHUNK.value))](
-        q, k, v, gk, accumulator, *strides, T, H, scale, norm, **meta
+        q, k, v, gk, accumulator, *strides, T, H, scale, **meta
     )
-    args = (q, k, v, gk, o, accumulator, *strides, T, H, scale, norm, _programs(B, H))
+    args = (q, k, v, gk, o, accumulator, *strides, T, H, scale, _programs(B, H))
     if INTERPRET:
         block_v = min(V, _INTERP_BLOCK_V)
         _gla_short_fwd_kernel[(B * H, V // block_v)](*args, BV=block_v, **meta)
@@ -387,25 +363,17 @@ def gla_short_fwd(
 
 
 def gla_short_bwd(
-    q: torch.Tensor,
-    k: torch.Tensor,
-    v: torch.Tensor,
-    gk: torch.Tensor,
-    do: torch.Tensor,
-    scale: float,
-    gate_norm: float | None = None,
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, gk: torch.Tensor, do: torch.Tensor, scale: float
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-    """(dq, dk, dv, dgk) for the output gradient do, each in its operand's dtype, contiguous; with gate_norm, the
-    last is the gradient of the gate logits that gk then holds."""
+    """(dq, dk, dv, dgk) for the output gradient do, each in its operand's dtype, contiguous."""
     B, T, H, K = q.shape
     dq, dk = torch.empty(q.shape, dtype=q.dtype, device=q.device), torch.empty(k.shape, dtype=k.dtype, device=q.device)
     dv = torch.empty(v.shape, dtype=v.dtype, device=q.device)
     dg = torch.empty(gk.shape, dtype=torch.float32, device=q.device)
     if dg.numel() and dv.numel():
         strides = (q.stride(), k.stride(), v.stride(), gk.stride(), do.stride(), dg.stride(), dv.stride())
-        norm, gate = _gate_meta(gate_norm)
-        args = (q, k, v, gk, do, dq, dk, dv, dg, *strides, T, H, scale, norm, _programs(B, H))
-        meta = dict(K=K, V=v.shape[-1], PRECISION=_precision(q, k, v), **gate)
+        args = (q, k, v, gk, do, dq, dk, dv, dg, *strides, T, H, scale, _programs(B, H))
+        meta = dict(K=K, V=v.shape[-1], PRECISION=_precision(q, k, v))
         _kernel("bwd", v.shape[-1])[(B * H,)](*args, **meta)
     else:
         dq.zero_(), dk.zero_(), dv.zero_(), dg.zero_()
@@ -413,73 +381,45 @@ def gla_short_bwd(
 
 
 @torch.library.custom_op("lkat_lens::gla_short", mutates_args=())
-def _gla_short_op(
-    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, gk: torch.Tensor, scale: float, gate_norm: float | None
-) -> torch.Tensor:
+def _gla_short_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, gk: torch.Tensor, scale: float) -> torch.Tensor:
     """The forward as a custom op (opaque to torch.compile)."""
-    return gla_short_fwd(q, k, v, gk, scale, gate_norm)
+    return gla_short_fwd(q, k, v, gk, scale)
 
 
 @_gla_short_op.register_fake
-def _gla_short_fake(
-    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, gk: torch.Tensor, scale: float, gate_norm: float | None
-) -> torch.Tensor:
+def _gla_short_fake(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, gk: torch.Tensor, scale: float) -> torch.Tensor:
     return q.new_empty(*q.shape[:3], v.shape[-1])
 
 
 @torch.library.custom_op("lkat_lens::gla_short_backward", mutates_args=())
 def _gla_short_backward_op(
-    q: torch.Tensor,
-    k: torch.Tensor,
-    v: torch.Tensor,
-    gk: torch.Tensor,
-    do: torch.Tensor,
-    scale: float,
-    gate_norm: float | None,
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, gk: torch.Tensor, do: torch.Tensor, scale: float
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """The backward as a custom op."""
-    return gla_short_bwd(q, k, v, gk, do, scale, gate_norm)
+    return gla_short_bwd(q, k, v, gk, do, scale)
 
 
 @_gla_short_backward_op.register_fake
 def _gla_short_backward_fake(
-    q: torch.Tensor,
-    k: torch.Tensor,
-    v: torch.Tensor,
-    gk: torch.Tensor,
-    do: torch.Tensor,
-    scale: float,
-    gate_norm: float | None,
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, gk: torch.Tensor, do: torch.Tensor, scale: float
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     return q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape), gk.new_empty(gk.shape)
 
 
 def _setup_context(ctx, inputs: tuple, output: torch.Tensor) -> None:
-    q, k, v, gk, scale, gate_norm = inputs
+    q, k, v, gk, scale = inputs
     ctx.save_for_backward(q, k, v, gk)
-    ctx.scale, ctx.gate_norm = scale, gate_norm
+    ctx.scale = scale
 
 
 def _backward(ctx, do: torch.Tensor) -> tuple:
-    return (*_gla_short_backward_op(*ctx.saved_tensors, do, ctx.scale, ctx.gate_norm), None, None)
+    return (*_gla_short_backward_op(*ctx.saved_tensors, do, ctx.scale), None)
 
 
 _gla_short_op.register_autograd(_backward, setup_context=_setup_context)
 
 
-def gla_short(
-    q: torch.Tensor,
-    k: torch.Tensor,
-    v: torch.Tensor,
-    gk: torch.Tensor,
-    scale: float | None = None,
-    gate_norm: float | None = None,
-) -> torch.Tensor:
-    """Differentiable GLA output [B, T, H, V] (q's dtype) by the on-chip short-sequence kernels. With gate_norm, gk
-    holds the gate logits x and the kernels apply fla's GLA gate logsigmoid(x) / gate_norm themselves (the log
-    gates are never stored; gradients reach x)."""
-    if gate_norm is not None and not gate_norm > 0:
-        raise ValueError(f"gate_norm must be positive, got {gate_norm}")
+def gla_short(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, gk: torch.Tensor, scale: float | None = None):
+    """Differentiable GLA output [B, T, H, V] (q's dtype) by the on-chip short-sequence kernels."""
     _check(q, k, v, gk)
-    scale = q.shape[-1] ** -0.5 if scale is None else float(scale)
-    return _gla_short_op(q, k, v, gk, scale, None if gate_norm is None else float(gate_norm))
+    return _gla_short_op(q, k, v, gk, q.shape[-1] ** -0.5 if scale is None else float(scale))

@@ -14,7 +14,7 @@ from timm.layers import RmsNorm
 from torch import nn
 
 from lkat_lens.kernels.dtypes import autocast_dtype, compute_dtype
-from lkat_lens.kernels.gla import gated_linear_attention, gla_from_logits, implicit_attention, log_gates
+from lkat_lens.kernels.gla import gated_linear_attention, implicit_attention
 from lkat_lens.kernels.gla_input import gla_input
 from lkat_lens.kernels.gla_input import supports as fused_input_supports
 
@@ -22,22 +22,12 @@ from .hooks import HookPoint
 from .rope import make_rope
 
 INPUT_MODES = ("auto", "fused", "torch")
-GATE_MODES = ("auto", "torch")
 
 
 def check_input_mode(mode: str) -> None:
     """Raise unless `mode` is one of INPUT_MODES."""
-    _check_choice("gla_input", "input_mode", mode, INPUT_MODES)
-
-
-def check_gate_mode(mode: str) -> None:
-    """Raise unless `mode` is one of GATE_MODES."""
-    _check_choice("gla_gate", "gate_mode", mode, GATE_MODES)
-
-
-def _check_choice(option: str, attribute: str, value: str, choices: tuple[str, ...]) -> None:
-    if value not in choices:
-        raise ValueError(f"{option} must be one of {choices} (VisionGLA.{attribute}), got {value!r}")
+    if mode not in INPUT_MODES:
+        raise ValueError(f"gla_input must be one of {INPUT_MODES} (VisionGLA.input_mode), got {mode!r}")
 
 
 class ShortConvolution(nn.Conv1d):
@@ -90,9 +80,6 @@ class VisionGLA(nn.Module):
     (q_conv1d, q_norm, rotary, ...); "fused" runs each of q, k, v through one kernel (`kernels.gla_input`: the
     same computation in fp32, stored once); "auto" is "fused" on CUDA and "torch" elsewhere. While a forward
     (pre-)hook sits on one of those modules, the modules run, whatever the mode, so that the hook fires.
-    `gate_mode` (GATE_MODES) is where the log forget gates logsigmoid(logits) / gate_logit_normalizer are formed:
-    "auto" hands the logits to the GLA kernels (`kernels.gla.gla_from_logits`: the short kernels apply the gate
-    themselves), "torch" forms them first; while hook_gk or hook_pattern is hooked they are formed in torch.
     """
 
     def __init__(
@@ -120,12 +107,7 @@ class VisionGLA(nn.Module):
                 f"{expand_v}) must be divisible by num_heads {num_heads}"
             )
         self.num_heads, self.head_dim, self.head_v_dim = num_heads, key_dim // num_heads, value_dim // num_heads
-        self.gate_logit_normalizer, self.mode, self.input_mode, self.gate_mode = (
-            gate_logit_normalizer,
-            mode,
-            "auto",
-            "auto",
-        )
+        self.gate_logit_normalizer, self.mode, self.input_mode = gate_logit_normalizer, mode, "auto"
         self.q_proj = nn.Linear(dim, key_dim, bias=False)
         self.k_proj = nn.Linear(dim, key_dim, bias=False)
         self.v_proj = nn.Linear(dim, value_dim, bias=False)
@@ -151,16 +133,8 @@ class VisionGLA(nn.Module):
         """Query scale head_dim^-1/2."""
         return self.head_dim**-0.5
 
-    def mix(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, gate_logits: torch.Tensor) -> torch.Tensor:
-        """GLA output [B,T,H,V] with the log gates gk = logsigmoid(gate_logits) / gate_logit_normalizer, which pass
-        hook_gk; with hook_pattern hooked, hook_pattern(A) @ v for the implicit attention A. With neither hooked,
-        the gate goes to the kernels as logits (`kernels.gla.gla_from_logits`: the short kernels apply it
-        themselves)."""
-        check_gate_mode(self.gate_mode)
-        norm = self.gate_logit_normalizer
-        if self.gate_mode == "auto" and not (self.hook_gk.active or self.hook_pattern.active):
-            return gla_from_logits(q, k, v, gate_logits, norm, scale=self.scale, mode=self.mode)
-        gk = self.hook_gk(log_gates(gate_logits, norm))
+    def mix(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, gk: torch.Tensor) -> torch.Tensor:
+        """GLA output [B,T,H,V]; with hook_pattern hooked, hook_pattern(A) @ v for the implicit attention A."""
         if not self.hook_pattern.active:
             return gated_linear_attention(q, k, v, gk, scale=self.scale, mode=self.mode)
         pattern = self.hook_pattern(implicit_attention(q, k, gk, scale=self.scale))
@@ -217,7 +191,8 @@ class VisionGLA(nn.Module):
         q, k = self.hook_q(q), self.hook_k(k)
         with torch.autocast(x.device.type, enabled=False):  # gate logits in fp32 from the small low-rank code
             gate_logits = self.gk_proj[1](gate_code.to(torch.promote_types(gate_code.dtype, torch.float32)))
-        o = self.mix(q, k, v, gate_logits.unflatten(-1, heads))
+        gk = F.logsigmoid(gate_logits).unflatten(-1, heads) / self.gate_logit_normalizer
+        o = self.mix(q, k, v, self.hook_gk(gk))
         o = self.hook_z(self.gated_norm(o, g.unflatten(-1, v_heads)))
         return self.hook_out(self.o_proj(o.flatten(-2)))
 

@@ -13,7 +13,7 @@ import torch
 from timm.layers import DropPath, RmsNorm
 from torch import nn
 
-from .attention import VisionGLA, VisionMHSA, check_gate_mode, check_input_mode
+from .attention import VisionGLA, VisionMHSA, check_input_mode
 from .flat_vit import FlatViT
 from .hooks import HookPoint
 from .kan import KAN, KANLayer
@@ -168,28 +168,18 @@ class LKAT(FlatViT):
             layout["cls"] = slice(n + r, n + r + 1)
         return layout
 
-    def set_backends(
-        self,
-        attn: str | None = None,
-        kan: str | None = None,
-        gla_input: str | None = None,
-        gla_gate: str | None = None,
-    ) -> LKAT:
+    def set_backends(self, attn: str | None = None, kan: str | None = None, gla_input: str | None = None) -> LKAT:
         """Choose the GLA mode (kernels.gla.MODES: auto/chunk/fused_recurrent/short/torch), the KAN layers'
-        kernel backend (kernels.kan_linear.BACKENDS: auto/torch/triton/fused), GLA's input path
-        (models.attention.INPUT_MODES: auto/fused/torch) and where its gate is applied (GATE_MODES: auto/torch)."""
+        kernel backend (kernels.kan_linear.BACKENDS: auto/torch/triton/fused) and GLA's input path
+        (models.attention.INPUT_MODES: auto/fused/torch)."""
         if gla_input is not None:
             check_input_mode(gla_input)
-        if gla_gate is not None:
-            check_gate_mode(gla_gate)
         for module in self.modules():
             if isinstance(module, VisionGLA):
                 if attn is not None:
                     module.mode = attn
                 if gla_input is not None:
                     module.input_mode = gla_input
-                if gla_gate is not None:
-                    module.gate_mode = gla_gate
             if kan is not None and isinstance(module, KANLayer):
                 module.kernel_backend = kan
         return self
