@@ -1,0 +1,161 @@
+"""Registers and spills of our Triton kernels on a GPU architecture, measured on a machine without a GPU.
+
+    python benchmarks/kernel_registers.py --out benchmarks/results/kernel_registers.json
+
+Each kernel is launched the way the model launches it (the launchers of lkat_lens.kernels, on CPU tensors of an LKAT
+layer's shapes: 201 tokens, heads of 64, bf16), but the launch is caught before it reaches a device: every
+configuration its autotuner would try is compiled for the architecture (`--arch`, default 90: H100 / H200) by
+Triton's compiler, and the ptxas that Triton ships reports (`ptxas -v`) the registers, stack frame and spill bytes
+per thread. So a kernel variant's register pressure, which decides how many programs share an SM and how much goes
+to local memory, is known before device time is spent on it; its time is not (bench_gla_registers.py and
+bench_gla.py measure that on the GPU). The catching uses Triton's launch internals as of Triton 3.8 (this project's
+CPU machine).
+"""
+
+from __future__ import annotations
+
+import argparse
+import re
+import subprocess
+import tempfile
+from collections.abc import Callable
+from contextlib import contextmanager
+from pathlib import Path
+from unittest import mock
+
+import torch
+import torch.nn.functional as F
+import triton
+from common import RESULTS, environment, write_result  # benchmarks/ is the script folder
+from triton.backends.compiler import GPUTarget
+from triton.compiler import ASTSource, make_backend
+from triton.runtime.autotuner import Autotuner
+from triton.runtime.jit import JITFunction, create_function_from_signature
+
+from lkat_lens.kernels import gla_input, gla_short
+
+PTXAS = Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "ptxas"
+USAGE = {
+    "regs": r"Used (\d+) registers",
+    "stack_bytes": r"(\d+) bytes stack frame",
+    "spill_store_bytes": r"(\d+) bytes spill stores",
+    "spill_load_bytes": r"(\d+) bytes spill loads",
+}
+
+
+@contextmanager
+def caught_launches():
+    """Within it, launching an autotuned or plain Triton kernel records (kernel, args, kwargs, configs) in the
+    yielded list instead of running it (configs: the autotuner's, or None)."""
+    launches: list[tuple[JITFunction, tuple, dict, list | None]] = []
+
+    def autotuned(self, *args, **kwargs):
+        launches.append((self.fn, args, _launch_kwargs(kwargs), list(self.configs)))
+
+    def plain(self, *args, **kwargs):
+        launches.append((self, args, _launch_kwargs(kwargs), None))
+
+    with mock.patch.object(Autotuner, "run", autotuned), mock.patch.object(JITFunction, "run", plain):
+        yield launches
+
+
+def _launch_kwargs(kwargs: dict) -> dict:
+    """A launch's keyword arguments without the launcher's own (grid, warmup)."""
+    return {k: v for k, v in kwargs.items() if k not in ("grid", "warmup")}
+
+
+def compile_for(kernel: JITFunction, args: tuple, kwargs: dict, arch: int) -> triton.compiler.CompiledKernel:
+    """`kernel` compiled for CUDA architecture `arch` as a launch with these arguments would compile it (the same
+    argument specialisation: dtypes, constexprs, integer sizes, 16-byte alignment), without a device."""
+    target = GPUTarget("cuda", arch, 32)
+    backend = make_backend(target)
+    binder = create_function_from_signature(kernel.signature, kernel.params, backend)
+    bound, specialization, options = binder(*args, **kwargs)
+    options, signature, constexprs, attrs = kernel._pack_args(backend, kwargs, bound, specialization, options)
+    return triton.compile(ASTSource(kernel, signature, constexprs, attrs), target=target, options=options.__dict__)
+
+
+def usage(compiled: triton.compiler.CompiledKernel, arch: int) -> dict:
+    """Registers, stack frame and spill bytes per thread of a compiled kernel, from `ptxas -v` on its PTX."""
+    with tempfile.NamedTemporaryFile("w", suffix=".ptx") as ptx:
+        ptx.write(compiled.asm["ptx"])
+        ptx.flush()
+        gpu = f"sm_{arch}a" if arch >= 90 else f"sm_{arch}"
+        report = subprocess.run(
+            [str(PTXAS), "-v", "--gpu-name", gpu, ptx.name, "-o", "/dev/null"],
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stderr
+    return {name: int(re.search(pattern, report)[1]) for name, pattern in USAGE.items()}
+
+
+def config_label(config: triton.Config | None, kwargs: dict) -> dict:
+    """A configuration's launch options and meta-parameters, as recorded in a row."""
+    if config is None:
+        return {"num_warps": kwargs.get("num_warps", 4), "num_stages": kwargs.get("num_stages"), "maxnreg": None}
+    return {"num_warps": config.num_warps, "num_stages": config.num_stages, "maxnreg": config.maxnreg, **config.kwargs}
+
+
+def measure(name: str, launcher: Callable[[], object], arch: int) -> list[dict]:
+    """One row per (kernel launched by `launcher`, autotuning configuration): its registers and spills."""
+    if gla_short.INTERPRET or gla_input.INTERPRET:
+        raise RuntimeError("TRITON_INTERPRET=1 runs the kernels on the CPU instead of compiling them: unset it")
+    with caught_launches() as launches:
+        launcher()
+    rows = []
+    for kernel, args, kwargs, configs in launches:
+        for config in configs or [None]:
+            full = kwargs if config is None else {**kwargs, **config.all_kwargs()}
+            full = {k: v for k, v in full.items() if v is not None}
+            row = {"case": name, "kernel": kernel.__name__, **config_label(config, kwargs)}
+            rows.append(row | usage(compile_for(kernel, args, full, arch), arch))
+    return rows
+
+
+def lkat_layer(T: int = 201, heads: int = 6, head_dim: int = 64) -> dict[str, Callable[[], object]]:
+    """The launchers of an LKAT layer's kernels on CPU tensors of its shapes (batch 2: sizes that decide nothing
+    of the compiled code but 32- or 64-bit offsets): GLA input path forward and backward (q/k: RMSNorm and RoPE;
+    v: neither), short GLA forward and backward."""
+    B, D = 2, heads * head_dim
+    x, do = (torch.randn(B, T, D, dtype=torch.bfloat16) for _ in range(2))
+    conv, norm = torch.randn(D, 1, 4), torch.ones(head_dim)
+    cos, sin = torch.ones(T, head_dim), torch.zeros(T, head_dim)
+    q, k, v, do_heads = (torch.randn(B, T, heads, head_dim, dtype=torch.bfloat16) for _ in range(4))
+    gk = F.logsigmoid(torch.randn(B, T, heads, head_dim)) / 16
+    scale = head_dim**-0.5
+    return {
+        "gla_input q/k forward": lambda: gla_input.gla_input_fwd(x, conv, norm, cos, sin, heads, 1e-6),
+        "gla_input q/k backward": lambda: gla_input.gla_input_bwd(x, conv, norm, cos, sin, do, heads, 1e-6),
+        "gla_input v forward": lambda: gla_input.gla_input_fwd(x, conv, None, None, None, heads, 1e-6),
+        "gla_input v backward": lambda: gla_input.gla_input_bwd(x, conv, None, None, None, do, heads, 1e-6),
+        "gla_short forward": lambda: gla_short.gla_short_fwd(q, k, v, gk, scale),
+        "gla_short backward": lambda: gla_short.gla_short_bwd(q, k, v, gk, do_heads, scale),
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--arch", type=int, default=90, help="CUDA compute capability x 10 (90: H100, H200)")
+    parser.add_argument("--cases", nargs="*", default=None, help="a subset of the cases (default: all)")
+    parser.add_argument("--out", type=Path, default=None)
+    args = parser.parse_args()
+    cases = lkat_layer()
+    env = environment() | {"arch": f"sm_{args.arch}", "ptxas": str(PTXAS.name)}
+    rows = []
+    for name in args.cases or list(cases):
+        rows += [{**row, **env} for row in measure(name, cases[name], args.arch)]
+    write_result(args.out or RESULTS / f"kernel_registers-sm_{args.arch}-{env['date']}.json", rows)
+    print("| case | kernel | warps | stages | maxnreg | meta | registers | stack B | spill stores B | spill loads B |")
+    print("|---|---|---|---|---|---|---|---|---|---|")
+    for r in rows:
+        meta = ", ".join(f"{k}={v}" for k, v in r.items() if k.isupper())
+        print(
+            f"| {r['case']} | {r['kernel']} | {r['num_warps']} | {r['num_stages'] or '—'} | {r['maxnreg'] or '—'} | "
+            f"{meta or '—'} | {r['regs']} | "
+            f"{r['stack_bytes']} | {r['spill_store_bytes']} | {r['spill_load_bytes']} |"
+        )
+
+
+if __name__ == "__main__":
+    main()

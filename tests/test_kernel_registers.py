@@ -1,0 +1,47 @@
+"""benchmarks/kernel_registers.py: the launches it catches instead of running, and the registers and spills it
+reports for an H100 / H200 (sm_90) without a GPU."""
+
+from __future__ import annotations
+
+import importlib
+import sys
+from pathlib import Path
+
+import pytest
+
+from lkat_lens.kernels import gla_short
+
+BENCHMARKS = Path(__file__).resolve().parents[1] / "benchmarks"
+
+
+@pytest.fixture(scope="module")
+def tool():
+    """The script as a module (it imports its neighbours from benchmarks/, the script folder)."""
+    with pytest.MonkeyPatch.context() as patch:
+        patch.syspath_prepend(str(BENCHMARKS))
+        yield importlib.import_module("kernel_registers")
+    sys.modules.pop("kernel_registers", None)
+
+
+def test_catches_the_launch_with_every_autotuning_configuration(tool) -> None:
+    """The short GLA backward's launch on CPU tensors is caught (a real launch would fail on them), with the
+    configurations its autotuner tries."""
+    with tool.caught_launches() as launches:
+        tool.lkat_layer(T=33, heads=2)["gla_short backward"]()
+    ((kernel, args, kwargs, configs),) = launches
+    assert kernel.__name__ == "_gla_short_bwd_kernel"
+    assert kwargs["K"] == kwargs["V"] == 64 and args[0].shape == (2, 33, 2, 64)
+    expected = [(c.num_warps, c.maxnreg) for c in gla_short._backward_configs(64)]
+    assert [(c.num_warps, c.maxnreg) for c in configs] == expected
+
+
+def test_reports_registers_and_spills_for_sm90(tool) -> None:
+    """Every configuration of the short GLA backward compiles for sm_90 here; a register cap holds, the uncapped
+    kernels stay within the 255 registers a thread can have, and a frame that spills stores and loads bytes."""
+    rows = tool.measure("gla_short backward", tool.lkat_layer(T=33, heads=2)["gla_short backward"], arch=90)
+    assert len(rows) == len(gla_short._backward_configs(64))
+    for row in rows:
+        assert 0 < row["regs"] <= (row["maxnreg"] or 255), row
+        assert (row["spill_store_bytes"] > 0) == (row["spill_load_bytes"] > 0), row
+        assert row["stack_bytes"] >= 0 and (row["spill_store_bytes"] == 0 or row["stack_bytes"] > 0), row
+    assert any(row["maxnreg"] for row in rows)
