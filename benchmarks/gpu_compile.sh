@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Issue 19 in one device call (under 10 minutes; each step's limit is cut to what is left of DEADLINE seconds):
 # bench_model.py --compare (LKAT of each size in SIZES with each GLA mode of ATTN vs its ViT in each compile mode of
-# MODES, profiled: launches, GPU busy, kernel time, memory; COMPARE_ARGS adds options, e.g. "--gla-gate auto torch"),
+# MODES, profiled: launches, GPU busy, kernel time, memory; COMPARE_ARGS adds options, e.g. "--gla-input fused torch"),
 # the GLA length sweep of chunk against short at LENGTHS (AUTO_SHORT_MAX_T; empty: skipped), then the GPU tests
 # named in TESTS, concurrently.
 #   MODES="default reduce-overhead" ATTN="chunk short" TESTS="test_compile_gpu" bash benchmarks/gpu_compile.sh

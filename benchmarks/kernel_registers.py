@@ -93,7 +93,7 @@ def usage(compiled: triton.compiler.CompiledKernel, arch: int) -> dict:
 def config_label(config: triton.Config | None, kwargs: dict) -> dict:
     """A configuration's launch options and meta-parameters, as recorded in a row."""
     if config is None:
-        return {"num_warps": kwargs.get("num_warps", 4), "num_stages": kwargs.get("num_stages"), "maxnreg": None}
+        return {k: kwargs.get(k) for k in ("num_stages", "maxnreg")} | {"num_warps": kwargs.get("num_warps", 4)}
     return {"num_warps": config.num_warps, "num_stages": config.num_stages, "maxnreg": config.maxnreg, **config.kwargs}
 
 
@@ -152,8 +152,7 @@ def main() -> None:
         meta = ", ".join(f"{k}={v}" for k, v in r.items() if k.isupper())
         print(
             f"| {r['case']} | {r['kernel']} | {r['num_warps']} | {r['num_stages'] or '—'} | {r['maxnreg'] or '—'} | "
-            f"{meta or '—'} | {r['regs']} | "
-            f"{r['stack_bytes']} | {r['spill_store_bytes']} | {r['spill_load_bytes']} |"
+            f"{meta or '—'} | {r['regs']} | {r['stack_bytes']} | {r['spill_store_bytes']} | {r['spill_load_bytes']} |"
         )
 
 
