@@ -19,6 +19,8 @@ from typing import Any
 
 import torch
 
+from .autograd_ops import differentiable
+
 MODES = ("chunk", "fused_recurrent")
 
 
@@ -120,7 +122,7 @@ def _backward(ctx: Any, do: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
     return (*_fla_gla_backward_op(*ctx.saved_tensors, do, *ctx.args), None, None)
 
 
-_fla_gla_op.register_autograd(_backward, setup_context=_setup_context)
+_fla_gla = differentiable(_fla_gla_op, _backward, _setup_context)
 
 
 def fla_gla(
@@ -130,4 +132,4 @@ def fla_gla(
     if mode not in MODES:
         raise ValueError(f"unknown fla GLA mode {mode!r}; expected one of {MODES}")
     q, k, v, gk = (x.contiguous() for x in (q, k, v, gk))
-    return _fla_gla_op(q, k, v, gk, float(scale), mode)
+    return _fla_gla(q, k, v, gk, float(scale), mode)

@@ -33,6 +33,7 @@ import torch.nn.functional as F
 import triton
 import triton.language as tl
 
+from .autograd_ops import differentiable
 from .dtypes import compute_dtype
 
 INTERPRET = os.environ.get("TRITON_INTERPRET", "0") == "1"
@@ -394,7 +395,7 @@ def _backward(ctx, do: torch.Tensor) -> tuple:
     return dx, d_conv, (None if norm_weight is None else d_norm), None, None, None, None
 
 
-_gla_input_op.register_autograd(_backward, setup_context=_setup_context)
+_gla_input = differentiable(_gla_input_op, _backward, _setup_context)
 
 
 def gla_input(
@@ -421,4 +422,4 @@ def gla_input(
             f"divisible by heads ({heads}), heads of even width for RoPE, and 1 to {MAX_TAPS} convolution taps; got "
             f"{tuple(x.shape)} {x.dtype} on {x.device}, {conv_weight.shape[-1]} taps"
         )
-    return _gla_input_op(x, conv_weight, norm_weight, cos, sin, heads, float(eps))
+    return _gla_input(x, conv_weight, norm_weight, cos, sin, heads, float(eps))

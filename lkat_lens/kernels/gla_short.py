@@ -46,6 +46,8 @@ import torch
 import triton
 import triton.language as tl
 
+from .autograd_ops import differentiable
+
 INTERPRET = os.environ.get("TRITON_INTERPRET", "0") == "1"
 CHUNK: tl.constexpr = tl.constexpr(16)
 LEVELS: tl.constexpr = tl.constexpr(4)  # log2(CHUNK)
@@ -416,10 +418,10 @@ def _backward(ctx, do: torch.Tensor) -> tuple:
     return (*_gla_short_backward_op(*ctx.saved_tensors, do, ctx.scale), None)
 
 
-_gla_short_op.register_autograd(_backward, setup_context=_setup_context)
+_gla_short = differentiable(_gla_short_op, _backward, _setup_context)
 
 
 def gla_short(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, gk: torch.Tensor, scale: float | None = None):
     """Differentiable GLA output [B, T, H, V] (q's dtype) by the on-chip short-sequence kernels."""
     _check(q, k, v, gk)
-    return _gla_short_op(q, k, v, gk, q.shape[-1] ** -0.5 if scale is None else float(scale))
+    return _gla_short(q, k, v, gk, q.shape[-1] ** -0.5 if scale is None else float(scale))

@@ -22,6 +22,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
+from .autograd_ops import differentiable
 from .dtypes import autocast_dtype, compute_dtype
 from .kan_dispatch import choose_path
 from .rbf import (
@@ -171,7 +172,7 @@ def _kan_backward(ctx: Any, dy: torch.Tensor) -> tuple[torch.Tensor | None, ...]
     return (dx if need_x else None), (dgw if need_gw else None), (dw if need_w else None), None, None
 
 
-_kan_fused_op.register_autograd(_kan_backward, setup_context=_kan_setup_context)
+_kan_fused = differentiable(_kan_fused_op, _kan_backward, _kan_setup_context)
 
 
 @torch.library.custom_op("lkat_lens::edge_fused", mutates_args=())
@@ -252,7 +253,7 @@ def _edge_backward(ctx: Any, dy: torch.Tensor) -> tuple[torch.Tensor | None, ...
     return (dx if need_x else None), (dw if need_w else None), None, None, None
 
 
-_edge_fused_op.register_autograd(_edge_backward, setup_context=_edge_setup_context)
+_edge_fused = differentiable(_edge_fused_op, _edge_backward, _edge_setup_context)
 
 
 # The traced path's basis goes by spans of up to four Gaussians, two exponentials per span, as the Triton RBF kernel
@@ -343,7 +344,7 @@ def _run_kan(
 ) -> torch.Tensor:
     """Shared/channel layer on one path."""
     if path == "fused":
-        return _kan_fused_op(x, grid_weight, _autocast_weight(x, weight), grid_min, grid_max)
+        return _kan_fused(x, grid_weight, _autocast_weight(x, weight), grid_min, grid_max)
     if path == TRACED:
         return _TracedKan.apply(x, grid_weight, weight, grid_min, grid_max, autocast_dtype(x))
     # psi written in the dtype F.linear multiplies in: no cast between the RBF op and the matmul
@@ -356,7 +357,7 @@ def _run_edge(
 ) -> torch.Tensor:
     """Edge layer on one path."""
     if path == "fused":
-        return _edge_fused_op(x, _autocast_weight(x, weight), grid_min, grid_max, num_grids)
+        return _edge_fused(x, _autocast_weight(x, weight), grid_min, grid_max, num_grids)
     return edge_linear_reference(x, weight, grid_min, grid_max, num_grids)
 
 

@@ -11,6 +11,7 @@ from typing import Any
 
 import torch
 
+from .autograd_ops import differentiable
 from .dtypes import compute_dtype
 
 try:
@@ -148,7 +149,7 @@ def _rbf_backward(ctx: Any, dy: torch.Tensor) -> tuple[torch.Tensor | None, ...]
     return (dx if ctx.needs_input_grad[0] else None), (dw if ctx.needs_input_grad[1] else None), None, None, None, None
 
 
-_rbf_op.register_autograd(_rbf_backward, setup_context=_rbf_setup_context)
+_rbf = differentiable(_rbf_op, _rbf_backward, _rbf_setup_context)
 
 
 def triton_supports(x: torch.Tensor) -> bool:
@@ -178,4 +179,4 @@ def rbf_grid_linear(
     if backend == "triton" and (rbf_triton is None or x.dtype not in TRITON_DTYPES):
         raise ValueError(f"the triton backend needs triton and x in {TRITON_DTYPES}, got {x.dtype}")
     use_triton = backend == "triton" or (backend == "auto" and triton_supports(x))
-    return _rbf_op(x, weight, float(grid_min), float(grid_max), use_triton, out_dtype or x.dtype)
+    return _rbf(x, weight, float(grid_min), float(grid_max), use_triton, out_dtype or x.dtype)

@@ -1,0 +1,64 @@
+"""kernels.autograd_ops: the eager caller of a custom op (a plain autograd.Function around the op's own call, setup
+and backward) gives the op's values and gradients, and torch.compile still sees the op."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from lkat_lens.kernels import kan_linear, rbf
+
+GRID = (-2.0, 2.0)
+
+
+def _values_and_grads(fn, inputs: tuple, dy_seed: int = 0) -> tuple[torch.Tensor, ...]:
+    leaves = [t.detach().clone().requires_grad_(t.requires_grad) if isinstance(t, torch.Tensor) else t for t in inputs]
+    y = fn(*leaves)
+    dy = torch.randn(y.shape, dtype=y.dtype, generator=torch.Generator().manual_seed(dy_seed))
+    wanted = [t for t in leaves if isinstance(t, torch.Tensor) and t.requires_grad]
+    return (y.detach(), *torch.autograd.grad(y, wanted, dy)), y.grad_fn
+
+
+CASES = {
+    "rbf, x and grid weights": (rbf._rbf_op, rbf._rbf, lambda x, w: (x, w, *GRID, False, torch.float64)),
+    "kan fused, all three": (
+        kan_linear._kan_fused_op,
+        kan_linear._kan_fused,
+        lambda x, w: (x, w, torch.randn(3, 6, dtype=torch.float64, requires_grad=True), *GRID),
+    ),
+    "kan fused, x only (needs_input_grad)": (
+        kan_linear._kan_fused_op,
+        kan_linear._kan_fused,
+        lambda x, w: (x, w.detach(), torch.randn(3, 6, dtype=torch.float64), *GRID),
+    ),
+}
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_eager_caller_matches_the_ops_own_autograd(case: str) -> None:
+    op, caller, make = CASES[case]
+    torch.manual_seed(0)
+    x = (torch.randn(5, 6, dtype=torch.float64) * 1.5).requires_grad_()
+    inputs = make(x, torch.randn(1, 4, dtype=torch.float64, requires_grad=True))
+    eager, eager_node = _values_and_grads(caller, inputs)
+    library, library_node = _values_and_grads(op, inputs)
+    assert type(eager_node).__name__.startswith("Eager_") and not type(library_node).__name__.startswith("Eager_")
+    assert len(eager) == len(library)
+    for a, b in zip(eager, library, strict=True):
+        assert torch.equal(a, b)
+
+
+def test_compiled_caller_keeps_the_op_in_the_graph() -> None:
+    """While torch.compile traces, the caller is the op itself: one node of the graph, the same values."""
+    x = torch.randn(4, 6) * 1.5
+    w = torch.randn(1, 4)
+    seen = []
+
+    def backend(gm: torch.fx.GraphModule, example_inputs):
+        seen.extend(str(node.target) for node in gm.graph.nodes if node.op == "call_function")
+        return gm
+
+    compiled = torch.compile(lambda a, b: rbf._rbf(a, b, *GRID, False, torch.float32), backend=backend, fullgraph=True)
+    y = compiled(x, w)
+    assert any("rbf_grid_linear" in target for target in seen), seen
+    torch.testing.assert_close(y, rbf._rbf_op(x, w, *GRID, False, torch.float32), rtol=0, atol=0)
