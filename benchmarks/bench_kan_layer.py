@@ -8,8 +8,10 @@ kernel + cuBLAS, the torch path and what backend "auto" picks, against nn.Linear
 shape; and, each under torch.compile, the "traced" path against nn.Linear + GELU. Edge basis
 (G = --edge-grid): the fused kernels and FastKAN's torch computation (basis
 materialised, then the matmul), against one cuBLAS GEMM with K = in*G on a ready [tokens, in*G] input.
-Each row: median time, peak extra memory, and the largest tensor saved for backward other than the
-weights, next to x's size. Writes JSON (--out) and prints markdown tables.
+Each row: median time (called from Python, the host's dispatch included), the GPU's own time (the summed
+durations of the kernels of one forward+backward under torch.profiler: what a model trained under CUDA graphs
+pays), peak extra memory, and the largest tensor saved for backward other than the weights, next to x's size.
+Writes JSON (--out) and prints markdown tables.
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 from common import dated_result_path, environment, write_result  # benchmarks/ is the script folder
+from profile_step import profile_step
 from triton.testing import do_bench
 
 from lkat_lens.kernels import kan_dispatch
@@ -53,7 +56,8 @@ def largest_saved_activation(fn: Callable[[], torch.Tensor], weights: list[torch
 
 
 def measure(name: str, fn: Callable[[], torch.Tensor], leaves: list[torch.Tensor], weights: list[torch.Tensor]) -> dict:
-    """Median ms and peak extra MiB of forward+backward of fn, and its largest saved activation."""
+    """Median ms, kernel ms (the GPU's time: one profiled call) and peak extra MiB of forward+backward of fn, and
+    its largest saved activation."""
     dy = torch.randn_like(fn())
 
     def step() -> None:
@@ -61,6 +65,7 @@ def measure(name: str, fn: Callable[[], torch.Tensor], leaves: list[torch.Tensor
 
     step()  # compile, autotune and let backend auto measure first
     ms = do_bench(step, grad_to_none=leaves, **TIMING)
+    kernels = profile_step(step, "cuda")
     for t in leaves:
         t.grad = None
     torch.cuda.synchronize()
@@ -69,7 +74,15 @@ def measure(name: str, fn: Callable[[], torch.Tensor], leaves: list[torch.Tensor
     step()
     torch.cuda.synchronize()
     peak = (torch.cuda.max_memory_allocated() - base) / MiB
-    return {"path": name, "ms": ms, "peak_MiB": peak, "saved_max_MiB": largest_saved_activation(fn, weights) / MiB}
+    return {
+        "path": name,
+        "ms": ms,
+        "kernel_ms": kernels["device_time_ms"],
+        "kernels": kernels["device_kernels"],
+        "top_kernels": kernels["top_kernels"],
+        "peak_MiB": peak,
+        "saved_max_MiB": largest_saved_activation(fn, weights) / MiB,
+    }
 
 
 def leaf(*shape: int, dtype: torch.dtype = torch.bfloat16, scale: float = 1.0) -> torch.Tensor:
@@ -110,7 +123,12 @@ def bench_edge(tokens: int, K: int, N: int, G: int) -> list[dict]:
 def ratios(rows: list[dict]) -> dict[str, float]:
     """The issue's comparisons for one layer shape."""
     t = {(r["basis"], r["path"]): r["ms"] for r in rows}
+    gpu = {(r["basis"], r["path"]): r["kernel_ms"] for r in rows}
     return {
+        "shared traced / linear+gelu, both compiled, kernel time": (
+            gpu["shared", "traced, compiled"] / gpu["shared", "linear+gelu, compiled"]
+        ),
+        "shared auto / linear+gelu, kernel time": gpu["shared", "auto"] / gpu["shared", "linear+gelu"],
         "shared fused / linear+gelu": t["shared", "fused"] / t["shared", "linear+gelu"],
         "shared auto / linear+gelu": t["shared", "auto"] / t["shared", "linear+gelu"],
         "shared traced / linear+gelu, both compiled": (
@@ -139,11 +157,13 @@ def main() -> None:
     write_result(args.out or dated_result_path("bench_kan_layer", env), results)
     print(f"\nbf16, x = [{args.tokens}, in], forward+backward")
     stamp = [env["gpu"], env["torch"], env["triton"], env["date"]]
-    header = ["layer", "basis", "G", "in -> out", "path", "ms", "peak MiB", "largest saved activation MiB", "x MiB"]
+    header = ["layer", "basis", "G", "in -> out", "path", "ms", "kernel ms", "kernels", "peak MiB"]
+    header += ["largest saved activation MiB", "x MiB"]
     rows = [
         [res["layer"], r["basis"], str(r["G"]), f"{r['K']} -> {r['N']}"]
         + [r["path"] + (f" ({', '.join(r['chose'])})" if r.get("chose") else "")]
-        + [f"{r['ms']:.3f}", f"{r['peak_MiB']:.0f}", f"{r['saved_max_MiB']:.1f}", f"{r['x_MiB']:.1f}"]
+        + [f"{r['ms']:.3f}", f"{r['kernel_ms']:.3f}", str(r["kernels"]), f"{r['peak_MiB']:.0f}"]
+        + [f"{r['saved_max_MiB']:.1f}", f"{r['x_MiB']:.1f}"]
         + stamp
         for res in results
         for r in res["rows"]

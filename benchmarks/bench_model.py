@@ -10,7 +10,8 @@ Main table, per size (tiny/small/base): timm's vit_<size>_patch16_224 (SDPA atte
 mode of --attn, and the configuration the paper's code runs (fla's fused_recurrent GLA and the unfused
 elementwise RBF op with fp32 output, i.e. KAN backend "torch"; the paper-design Triton RBF kernel is not
 in this repository). A training step is forward, backward and a fused AdamW step under bf16 autocast on
-synthetic data already on the GPU; inference is a bf16-autocast forward without gradients. Each row carries
+synthetic data already on the GPU, with TF32 matmuls where a model keeps fp32 (as the trainer sets them under
+autocast; --tf32 off for full fp32 there); inference is a bf16-autocast forward without gradients. Each row carries
 ratios to the ViT of its size (same compile setting) and to the paper configuration of its size.
 The sweep keeps tokens x batch near --sweep-tokens and reports per-image numbers and the crossover
 resolution where LKAT-S starts to train (and infer) faster than ViT-S.
@@ -139,7 +140,7 @@ def measure(config: Config, batch: int, img: int, warmup: int, iters: int) -> di
 
 def bench(config: Config, batch: int, img: int, warmup: int, iters: int) -> dict:
     """One row: the config, its shape and measurements, or the error (e.g. out of memory) that stopped it."""
-    row = {**asdict(config), "batch": batch, "img_size": img, "tokens": tokens(config, img)}
+    row = {**asdict(config), "batch": batch, "img_size": img, "tokens": tokens(config, img), "tf32": tf32()}
     try:
         row.update(measure(config, batch, img, warmup, iters))
     except Exception as error:  # record it and go on with the other configs
@@ -154,6 +155,11 @@ def bench(config: Config, batch: int, img: int, warmup: int, iters: int) -> dict
         summary = f"train {row['train_img_s']:.0f} img/s, infer {row['infer_img_s']:.0f} img/s"
     print(f"{row['label']} compile={config.compile} img={img} batch={batch}: {summary}", flush=True)
     return row
+
+
+def tf32() -> bool:
+    """Whether fp32 matmuls run as TF32 (--tf32)."""
+    return torch.backends.cuda.matmul.allow_tf32
 
 
 def tokens(config: Config, img: int) -> int:
@@ -406,7 +412,7 @@ def compare(args: argparse.Namespace, out: Path) -> list[dict]:
             for label, name, kwargs, backends, budget in compared_variants(size, args):
                 row = {"label": label, "model": name, "pair": size, "compile": mode}
                 row |= {k: backends.get(k) for k in ("attn", "kan", "gla_input")} | {"activation_memory_budget": budget}
-                row |= {"batch": args.batch, "img_size": args.img_size, "device": args.device}
+                row |= {"batch": args.batch, "img_size": args.img_size, "device": args.device, "tf32": tf32()}
                 start = time.perf_counter()
                 try:
                     row |= compare_measure(name, kwargs, backends, mode, budget, args)
@@ -493,8 +499,16 @@ def main() -> None:
         "recomputes cheap activations in the backward instead of saving them)",
     )
     parser.add_argument("--device", default="cuda", choices=["cuda", "cpu"], help="--compare only")
+    parser.add_argument(
+        "--tf32",
+        choices=["on", "off"],
+        default="on",
+        help="TF32 for fp32 matmuls and convolutions (on: as the trainer sets them under bf16 autocast; LKAT's "
+        "gate projection runs in fp32)",
+    )
     parser.add_argument("--out", type=Path, default=None)
     args = parser.parse_args()
+    torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = args.tf32 == "on"
     env = environment()
     name = "bench_model_sweep" if args.sweep else "bench_model_compare" if args.compare else "bench_model"
     out = args.out or dated_result_path(name, env)

@@ -4,8 +4,8 @@ torch.compile needs each kernel as a torch.library custom op: one opaque node wi
 registered backward. In eager mode the library's autograd wrapper costs host time on every call: torch.profiler put
 its nodes (GeneratedBackwardFor_lkat_lens_*) at about 15 ms of an eager LKAT-T training step's 107 ms of host time
 (H200 machine, torch 2.11, batch 128; the step is bound by the host). With the plain Function below, the step took
-86.4 ms against 97.7 ms through the library (medians of three alternating runs in one process, LKAT-S 93.2 against
-96.9; the host's timings vary by about 10 %; benchmarks/README.md).
+72.7 ms against 85.0 ms through the library (LKAT-S 73.1 against 78.0, LKAT-B 78.8 against 82.2; medians of three
+alternating rounds in one process, `benchmarks/bench_eager_host.py`; the host's timings vary by 10-20 %).
 
 `differentiable` registers the formula on the op, for torch.compile, and returns the function the model calls: the
 op itself while torch.compile traces, else a plain torch.autograd.Function around the same pieces (the op's own

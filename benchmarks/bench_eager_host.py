@@ -1,0 +1,153 @@
+"""Host time of eager LKAT on a GPU: our ops called through torch.library's autograd against the eager callers.
+
+    python benchmarks/bench_eager_host.py --sizes tiny small
+
+kernels.autograd_ops gives every custom op an eager caller (a plain torch.autograd.Function); the ops themselves
+carry torch.library's autograd wrapper. This script swaps the model's callers for the ops ("library") and back
+("eager") in one process and alternates the two, --rounds times each: the host time of one forward + backward of each
+op at a tiny shape (the GPU's time negligible), and the time of an eager training step of LKAT at each size (bf16
+autocast, fused AdamW, batch --batch at 224², synchronised after --iters steps). Writes JSON and prints markdown.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+from common import dated_result_path, environment, write_result  # benchmarks/ is the script folder
+
+import lkat_lens
+from lkat_lens.kernels import gla_fla, gla_input, gla_short, kan_linear, rbf
+
+# (module, the eager caller's name, the op's name): the callers the model's code looks up at call time
+CALLERS = [
+    (gla_input, "_gla_input", "_gla_input_op"),
+    (gla_short, "_gla_short", "_gla_short_op"),
+    (gla_fla, "_fla_gla", "_fla_gla_op"),
+    (rbf, "_rbf", "_rbf_op"),
+    (kan_linear, "_kan_fused", "_kan_fused_op"),
+    (kan_linear, "_edge_fused", "_edge_fused_op"),
+]
+EAGER = {(module, caller): getattr(module, caller) for module, caller, _ in CALLERS}
+PATHS = ("library", "eager")
+
+
+def use(path: str) -> None:
+    """Point the model's callers at the ops themselves ("library") or at the eager callers ("eager")."""
+    for module, caller, op in CALLERS:
+        setattr(module, caller, EAGER[module, caller] if path == "eager" else getattr(module, op))
+
+
+def host_us(fn: Callable[[], object], calls: int) -> float:
+    """Microseconds of host time per call (the GPU synchronised before and after the timed calls)."""
+    for _ in range(20):
+        fn()
+    torch.cuda.synchronize()
+    start = time.perf_counter()
+    for _ in range(calls):
+        fn()
+    elapsed = time.perf_counter() - start
+    torch.cuda.synchronize()
+    return elapsed / calls * 1e6
+
+
+def op_cases() -> dict[str, Callable[[], None]]:
+    """One forward + backward of each op at a tiny shape, under bf16 autocast."""
+    dev, (B, T, H, D) = "cuda", (1, 16, 2, 64)
+
+    def leaf(*shape, dtype=torch.bfloat16):
+        return torch.randn(*shape, device=dev, dtype=dtype, requires_grad=True)
+
+    x, conv, norm = leaf(B, T, H * D), leaf(H * D, 1, 4, dtype=torch.float32), leaf(D, dtype=torch.float32)
+    cos, sin = torch.ones(T, D, device=dev), torch.zeros(T, D, device=dev)
+    q, k, v = leaf(B, T, H, D), leaf(B, T, H, D), leaf(B, T, H, D)
+    gk = (F.logsigmoid(torch.randn(B, T, H, D, device=dev)) / 16).requires_grad_()
+    xk, gw, W = leaf(64, 128), leaf(1, 4, dtype=torch.float32), leaf(256, 128)
+
+    def autocast(fn):
+        def run():
+            with torch.autocast("cuda", dtype=torch.bfloat16):
+                y = fn()
+            y.float().sum().backward()
+
+        return run
+
+    return {
+        "gla_input (q/k)": autocast(lambda: gla_input.gla_input(x, conv, norm, cos, sin, heads=H)),
+        "gla_short": autocast(lambda: gla_short.gla_short(q, k, v, gk)),
+        "kan_linear triton": autocast(lambda: kan_linear.kan_linear(xk, gw, W, -2.0, 2.0, backend="triton")),
+        "kan_linear fused": autocast(lambda: kan_linear.kan_linear(xk, gw, W, -2.0, 2.0, backend="fused")),
+    }
+
+
+def step_ms(size: str, batch: int, warmup: int, iters: int, rounds: int) -> dict[str, list[float]]:
+    """ms per eager training step of LKAT at `size`, each path `rounds` times, alternating."""
+    torch.manual_seed(0)
+    model = lkat_lens.create_model(f"lkat_{size}_patch16_224", num_classes=1000, img_size=224).cuda().train()
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-4, fused=True)
+    x = torch.randn(batch, 3, 224, 224, device="cuda")
+    y = torch.randint(0, 1000, (batch,), device="cuda")
+
+    def step():
+        with torch.autocast("cuda", dtype=torch.bfloat16):
+            loss = F.cross_entropy(model(x), y)
+        loss.backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+
+    times: dict[str, list[float]] = {path: [] for path in PATHS}
+    for _ in range(rounds):
+        for path in PATHS:
+            use(path)
+            for _ in range(warmup):
+                step()
+            torch.cuda.synchronize()
+            start = time.perf_counter()
+            for _ in range(iters):
+                step()
+            torch.cuda.synchronize()
+            times[path].append((time.perf_counter() - start) / iters * 1e3)
+    return times
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--sizes", nargs="+", default=["tiny", "small"], choices=["tiny", "small", "base"])
+    parser.add_argument("--batch", type=int, default=128)
+    parser.add_argument("--warmup", type=int, default=3)
+    parser.add_argument("--iters", type=int, default=10)
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--calls", type=int, default=300, help="timed calls per op and round")
+    parser.add_argument("--out", type=Path, default=None)
+    args = parser.parse_args()
+    torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = True  # as the trainer under autocast
+    env = environment()
+    rows = []
+    for name, fn in op_cases().items():
+        times: dict[str, list[float]] = {path: [] for path in PATHS}
+        for _ in range(args.rounds):
+            for path in PATHS:
+                use(path)
+                times[path].append(host_us(fn, args.calls))
+        rows.append({"what": f"{name} forward + backward, host us", "times": times})
+    for size in args.sizes:
+        times = step_ms(size, args.batch, args.warmup, args.iters, args.rounds)
+        rows.append({"what": f"LKAT-{size[0].upper()} eager training step, ms", "times": times})
+    use("eager")
+    for row in rows:
+        row |= {f"{path}_median": statistics.median(row["times"][path]) for path in PATHS} | env
+    write_result(args.out or dated_result_path("bench_eager_host", env), rows)
+    print("| what | library (median; all rounds) | eager callers (median; all rounds) | GPU |")
+    print("|---|---|---|---|")
+    for r in rows:
+        cells = [f"{r[f'{p}_median']:.1f} ({', '.join(f'{t:.1f}' for t in r['times'][p])})" for p in PATHS]
+        print(f"| {r['what']} | {cells[0]} | {cells[1]} | {r['gpu']} |")
+
+
+if __name__ == "__main__":
+    main()
