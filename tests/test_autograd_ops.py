@@ -11,10 +11,12 @@ from lkat_lens.kernels import kan_linear, rbf
 GRID = (-2.0, 2.0)
 
 
-def _values_and_grads(fn, inputs: tuple, dy_seed: int = 0) -> tuple[torch.Tensor, ...]:
+def _values_and_grads(fn, inputs: tuple) -> tuple[tuple[torch.Tensor, ...], object]:
+    """((output, gradients of the inputs that require grad), the output's grad_fn) of fn on copies of inputs, for a
+    fixed output gradient."""
     leaves = [t.detach().clone().requires_grad_(t.requires_grad) if isinstance(t, torch.Tensor) else t for t in inputs]
     y = fn(*leaves)
-    dy = torch.randn(y.shape, dtype=y.dtype, generator=torch.Generator().manual_seed(dy_seed))
+    dy = torch.randn(y.shape, dtype=y.dtype, generator=torch.Generator().manual_seed(0))
     wanted = [t for t in leaves if isinstance(t, torch.Tensor) and t.requires_grad]
     return (y.detach(), *torch.autograd.grad(y, wanted, dy)), y.grad_fn
 
