@@ -2,8 +2,7 @@
 
     python benchmarks/bench_gla.py --out benchmarks/results/bench_gla.json
 
-Rows: fla's chunk_gla and fused_recurrent_gla, lkat-lens's short-sequence kernels ("short": one program walks a
-(batch, head); "parallel": one program per 16-row chunk, the quadratic form), and
+Rows: fla's chunk_gla and fused_recurrent_gla, lkat-lens's short-sequence kernel ("short"), and
 torch's scaled_dot_product_attention on the same heads ([B, H, T, D], not causal, as in a ViT).
 Each GLA row also gets its largest error against the fp64 recurrence (on a smaller batch). Every time is taken
 twice: called from Python (the host's dispatch included, which at these sizes is most of it) and replayed as a CUDA
@@ -24,8 +23,7 @@ from common import dated_result_path, environment, write_result
 
 from lkat_lens.kernels.gla import gated_linear_attention, gla_recurrent
 
-GLA_MODES = ("chunk", "fused_recurrent", "short", "parallel")
-SWEEP_MODES = ("chunk", "short", "parallel")  # the kernels "auto" chooses between by length
+GLA_MODES = ("chunk", "fused_recurrent", "short")
 
 
 def make_inputs(B: int, T: int, H: int, D: int, dtype: torch.dtype, seed: int = 0) -> list[torch.Tensor]:
@@ -105,7 +103,7 @@ def main() -> None:
     parser.add_argument("--error-batch", type=int, default=8)
     parser.add_argument("--warmup", type=int, default=5)
     parser.add_argument("--iters", type=int, default=20)
-    parser.add_argument("--lengths", nargs="*", type=int, default=[], help="also time SWEEP_MODES at these T")
+    parser.add_argument("--lengths", nargs="*", type=int, default=[], help="also time chunk vs short at these T")
     parser.add_argument("--out", type=Path, default=None)
     args = parser.parse_args()
     shape = (args.batch, args.tokens, args.heads, args.head_dim)
@@ -143,14 +141,14 @@ def main() -> None:
 
 
 def length_sweep(args: argparse.Namespace) -> list[dict]:
-    """Forward and fwd+bwd ms (CUDA graph replays) of each of SWEEP_MODES at each T of --lengths, batch ~ batch *
+    """Forward and fwd+bwd ms (CUDA graph replays) of chunk and short at each T of --lengths, batch ~ batch *
     tokens / T (the same tokens per batch)."""
     rows = []
     for T in args.lengths:
         batch = max(1, round(args.batch * args.tokens / T))
         inputs = make_inputs(batch, T, args.heads, args.head_dim, torch.bfloat16)
         row = {"T": T, "batch": batch}
-        for mode in SWEEP_MODES:
+        for mode in ("chunk", "short"):
             times = timings(gla(mode), inputs, args.warmup, args.iters)
             row |= {f"{mode}_fwd_ms": times["fwd_graph_ms"], f"{mode}_fwd_bwd_ms": times["fwd_bwd_graph_ms"]}
         rows.append(row)
@@ -158,21 +156,21 @@ def length_sweep(args: argparse.Namespace) -> list[dict]:
 
 
 def print_lengths(rows: list[dict]) -> None:
-    """The length sweep as markdown (ms, and each mode's time over chunk's), and per mode and pass the lengths at
-    which it was the fastest."""
-    cols = [f"{m} {w} ms" for w in ("fwd", "fwd+bwd") for m in SWEEP_MODES]
-    ratios = [f"{w}: {m} × chunk" for w in ("fwd", "fwd+bwd") for m in SWEEP_MODES[1:]]
-    print("\n| T | batch | " + " | ".join(cols + ratios) + " |")
-    print("|---|---|" + "---|" * (len(cols) + len(ratios)))
+    """The length sweep as markdown, and the longest T at which "short" beat "chunk" (training and forward only)."""
+    print(
+        "\n| T | batch | chunk fwd ms | short fwd ms | fwd: short × chunk | chunk fwd+bwd ms | short fwd+bwd ms "
+        "| fwd+bwd: short × chunk |"
+    )
+    print("|---|---|---|---|---|---|---|---|")
     for r in rows:
-        times = [r[f"{m}_{w}_ms"] for w in ("fwd", "fwd_bwd") for m in SWEEP_MODES]
-        rel = [r[f"{m}_{w}_ms"] / r[f"chunk_{w}_ms"] for w in ("fwd", "fwd_bwd") for m in SWEEP_MODES[1:]]
-        cells = [f"{t:.3f}" for t in times] + [f"{x:.2f}×" for x in rel]
-        print(f"| {r['T']} | {r['batch']} | " + " | ".join(cells) + " |")
+        print(
+            f"| {r['T']} | {r['batch']} | {r['chunk_fwd_ms']:.3f} | {r['short_fwd_ms']:.3f} | "
+            f"{r['short_fwd_ms'] / r['chunk_fwd_ms']:.2f}× | {r['chunk_fwd_bwd_ms']:.3f} | "
+            f"{r['short_fwd_bwd_ms']:.3f} | {r['short_fwd_bwd_ms'] / r['chunk_fwd_bwd_ms']:.2f}× |"
+        )
     for what in ("fwd_bwd", "fwd"):
-        for mode in SWEEP_MODES:
-            best = [r["T"] for r in rows if min(SWEEP_MODES, key=lambda m, r=r: r[f"{m}_{what}_ms"]) == mode]
-            print(f"{what}: {mode} fastest at T = {best}")
+        faster = [r["T"] for r in rows if r[f"short_{what}_ms"] < r[f"chunk_{what}_ms"]]
+        print(f"longest T where short's {what} beat chunk's: {max(faster) if faster else 'none'}")
 
 
 if __name__ == "__main__":

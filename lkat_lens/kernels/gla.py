@@ -34,12 +34,11 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from . import gla_fla, gla_parallel, gla_short
+from . import gla_fla, gla_short
 from .dtypes import compute_dtype
 
-MODES = ("auto", "chunk", "fused_recurrent", "short", "parallel", "torch")
+MODES = ("auto", "chunk", "fused_recurrent", "short", "torch")
 AUTO_RECURRENT_MAX_T = 64
-AUTO_PARALLEL_MAX_T = 512
 AUTO_SHORT_MAX_T = 1280  # between the sweep's last win (1029 tokens, 0.92x) and its first loss (1537, 1.08x)
 TORCH_CHUNK_SIZE = 32
 SUB_CHUNK = 4
@@ -180,8 +179,6 @@ def gated_linear_attention(
         mode = _auto_mode(q, v)
     if mode == "short":
         return gla_short.gla_short(q, k, v, gk, scale)
-    if mode == "parallel":
-        return gla_parallel.gla_parallel(q, k, v, gk, scale)
     return gla_fla.fla_gla(q, k, v, gk, scale, mode)
 
 
@@ -190,9 +187,7 @@ def _auto_mode(q: torch.Tensor, v: torch.Tensor) -> str:
     T = q.shape[1]
     if T <= AUTO_RECURRENT_MAX_T or q.dtype == torch.float32:
         return "fused_recurrent"
-    if not gla_short.supports(q, v) or T > AUTO_SHORT_MAX_T:
-        return "chunk"
-    return "parallel" if T <= AUTO_PARALLEL_MAX_T else "short"
+    return "short" if T <= AUTO_SHORT_MAX_T and gla_short.supports(q, v) else "chunk"
 
 
 def _prefix_sums(gk: torch.Tensor) -> torch.Tensor:

@@ -328,17 +328,17 @@ def supports(q: torch.Tensor, v: torch.Tensor) -> bool:
     return q.shape[-1] in HEAD_DIMS and v.shape[-1] in HEAD_DIMS
 
 
-def check_operands(name: str, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, gk: torch.Tensor) -> None:
-    """Raise unless the operands fit the short kernels (and `name`'s, which share their tiles)."""
+def _check(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, gk: torch.Tensor) -> None:
+    """Raise unless the operands fit the kernels."""
     if q.dim() != 4 or v.dim() != 4 or q.shape != k.shape or q.shape != gk.shape or v.shape[:3] != q.shape[:3]:
         shapes = ", ".join(str(tuple(x.shape)) for x in (q, k, v, gk))
         raise ValueError(f"expected q, k, gk [B,T,H,K] and v [B,T,H,V], got {shapes}")
     if not supports(q, v):
-        raise ValueError(f"{name} needs K and V in {HEAD_DIMS}, got K={q.shape[-1]}, V={v.shape[-1]}")
+        raise ValueError(f"gla_short needs K and V in {HEAD_DIMS}, got K={q.shape[-1]}, V={v.shape[-1]}")
     if any(x.dtype not in INPUT_DTYPES for x in (q, k, v, gk)):
-        raise ValueError(f"{name} needs operands in {INPUT_DTYPES}")
+        raise ValueError(f"gla_short needs operands in {INPUT_DTYPES}")
     if not (q.is_cuda or INTERPRET):
-        raise RuntimeError(f"{name} needs CUDA tensors (or TRITON_INTERPRET=1 before importing triton)")
+        raise RuntimeError("gla_short needs CUDA tensors (or TRITON_INTERPRET=1 before importing triton)")
 
 
 def gla_short_fwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, gk: torch.Tensor, scale: float) -> torch.Tensor:
@@ -423,5 +423,5 @@ _gla_short = differentiable(_gla_short_op, _backward, _setup_context)
 
 def gla_short(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, gk: torch.Tensor, scale: float | None = None):
     """Differentiable GLA output [B, T, H, V] (q's dtype) by the on-chip short-sequence kernels."""
-    check_operands("gla_short", q, k, v, gk)
+    _check(q, k, v, gk)
     return _gla_short(q, k, v, gk, q.shape[-1] ** -0.5 if scale is None else float(scale))

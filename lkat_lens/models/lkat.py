@@ -169,7 +169,7 @@ class LKAT(FlatViT):
         return layout
 
     def set_backends(self, attn: str | None = None, kan: str | None = None, gla_input: str | None = None) -> LKAT:
-        """Choose the GLA mode (kernels.gla.MODES: auto/chunk/fused_recurrent/short/parallel/torch), the KAN layers'
+        """Choose the GLA mode (kernels.gla.MODES: auto/chunk/fused_recurrent/short/torch), the KAN layers'
         kernel backend (kernels.kan_linear.BACKENDS: auto/torch/triton/fused) and GLA's input path
         (models.attention.INPUT_MODES: auto/fused/torch)."""
         if gla_input is not None:

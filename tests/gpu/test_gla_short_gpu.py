@@ -1,5 +1,4 @@
-"""Our short-sequence GLA kernels ("short" walks, "parallel" pairs) on CUDA against the fp64 recurrence, beside fla's
-kernels, in LKAT and compiled."""
+"""The short-sequence GLA kernels on CUDA against the fp64 recurrence, beside fla's kernels, in LKAT and compiled."""
 
 from __future__ import annotations
 
@@ -12,7 +11,6 @@ from tolerance import rel_max
 
 import lkat_lens
 from lkat_lens.kernels.gla import gated_linear_attention, gla_recurrent
-from lkat_lens.kernels.gla_parallel import gla_parallel
 from lkat_lens.kernels.gla_short import gla_short
 
 pytestmark = [
@@ -24,7 +22,6 @@ NAMES = ("o", "dq", "dk", "dv", "dgk")
 TOL = {torch.float32: 1e-4, torch.bfloat16: 2e-2}
 # LKAT-S at 224^2: 196 patches + 4 registers + 1 class token, 6 heads of 64 (batch cut from 128 for the fp64 reference)
 LKAT_S = dict(B=32, T=201, H=6, K=64, V=64)
-OURS = {"short": gla_short, "parallel": gla_parallel}
 
 
 def make_inputs(B: int, T: int, H: int, K: int, V: int, dtype: torch.dtype, seed: int = 0) -> list[torch.Tensor]:
@@ -61,61 +58,56 @@ def mode(name: str):
     return lambda *x: gated_linear_attention(*x, mode=name)
 
 
-@pytest.mark.parametrize("ours", list(OURS))
 @pytest.mark.parametrize(
     ("dtype", "fla_mode"), [(torch.bfloat16, "chunk"), (torch.float32, "fused_recurrent")], ids=str
 )
-def test_lkat_s_shape_no_less_exact_than_fla(dtype: torch.dtype, fla_mode: str, ours: str) -> None:
+def test_lkat_s_shape_no_less_exact_than_fla(dtype: torch.dtype, fla_mode: str) -> None:
     """At LKAT-S's shape: within TOL of the fp64 recurrence, and no further from it than fla's kernel
     (chunk_gla in bf16; fused_recurrent_gla in fp32, where fla 0.6.0's chunk_gla faults)."""
     inputs = make_inputs(**LKAT_S, dtype=dtype)
-    kernel, fla = errors(mode(ours), inputs), errors(mode(fla_mode), inputs)
-    print(f"\n{dtype} {ours} vs fp64 {kernel}\n{dtype} {fla_mode} vs fp64 {fla}")
+    ours, fla = errors(mode("short"), inputs), errors(mode(fla_mode), inputs)
+    print(f"\n{dtype} short vs fp64 {ours}\n{dtype} {fla_mode} vs fp64 {fla}")
     for name in NAMES:
-        assert kernel[name][0] < TOL[dtype], (name, kernel[name])
+        assert ours[name][0] < TOL[dtype], (name, ours[name])
     if dtype == torch.bfloat16:
         for name in NAMES:
-            assert kernel[name][1] <= 1.05 * fla[name][1], (name, kernel[name], fla[name])
+            assert ours[name][1] <= 1.05 * fla[name][1], (name, ours[name], fla[name])
 
 
-@pytest.mark.parametrize("ours", list(OURS))
 @pytest.mark.parametrize("T", [1, 17, 64, 201, 1024])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
-def test_lengths_match_recurrence(dtype: torch.dtype, T: int, ours: str) -> None:
-    result = errors(mode(ours), make_inputs(B=2, T=T, H=4, K=64, V=64, dtype=dtype, seed=T))
+def test_lengths_match_recurrence(dtype: torch.dtype, T: int) -> None:
+    result = errors(mode("short"), make_inputs(B=2, T=T, H=4, K=64, V=64, dtype=dtype, seed=T))
     assert all(result[name][0] < TOL[dtype] for name in NAMES), result
 
 
-@pytest.mark.parametrize("ours", list(OURS))
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
-def test_fast_decaying_gates_take_the_level_walk(dtype: torch.dtype, ours: str) -> None:
+def test_fast_decaying_gates_take_the_level_walk(dtype: torch.dtype) -> None:
     """Gates that decay by more than SAFE_LOG within a chunk (batch 4 onwards: logsigmoid(randn) * 8, about -100 per
     chunk) send those sequences to the level walk in the launch where batch 0-3 take the direct one: all within
-    TOL of the fp64 recurrence (the parallel kernels choose chunk by chunk, in the same launch too)."""
+    TOL of the fp64 recurrence."""
     inputs = make_inputs(B=8, T=201, H=6, K=64, V=64, dtype=dtype, seed=3)
     gen = torch.Generator(device="cuda").manual_seed(4)
     inputs[3][4:] = F.logsigmoid(torch.randn(inputs[3][4:].shape, device="cuda", generator=gen)) * 8
-    result = errors(mode(ours), inputs)
+    result = errors(mode("short"), inputs)
     assert all(result[name][0] < TOL[dtype] for name in NAMES), result
 
 
-@pytest.mark.parametrize("ours", list(OURS))
-def test_conv_layout_v_gives_identical_results(ours: str) -> None:
+def test_conv_layout_v_gives_identical_results() -> None:
     """v in a conv output's layout (t fastest, as VisionGLA makes it) needs no copy and changes no bit."""
     q, k, v, gk, do = make_inputs(B=2, T=201, H=6, K=64, V=64, dtype=torch.bfloat16)
     v_conv = v.flatten(2).transpose(1, 2).contiguous().transpose(1, 2).unflatten(2, (6, 64))
-    plain = output_and_grads(OURS[ours], q, k, v, gk, do)
-    strided = output_and_grads(OURS[ours], q, k, v_conv, gk, do)
+    plain = output_and_grads(gla_short, q, k, v, gk, do)
+    strided = output_and_grads(gla_short, q, k, v_conv, gk, do)
     assert all(torch.equal(a, b) for a, b in zip(plain, strided, strict=True))
 
 
-@pytest.mark.parametrize("ours", list(OURS))
-def test_compiled_without_graph_break(ours: str) -> None:
+def test_compiled_without_graph_break() -> None:
     """torch.compile(fullgraph=True) with inductor keeps the custom op and gives the eager results."""
     inputs = make_inputs(B=4, T=201, H=6, K=64, V=64, dtype=torch.bfloat16)
 
     def fn(q, k, v, gk):
-        return OURS[ours](q * 2, k, v, F.logsigmoid(gk) / 16) + 1
+        return gla_short(q * 2, k, v, F.logsigmoid(gk) / 16) + 1
 
     compiled = torch.compile(fn, fullgraph=True)
     eager, traced = output_and_grads(fn, *inputs), output_and_grads(compiled, *inputs)
@@ -123,9 +115,8 @@ def test_compiled_without_graph_break(ours: str) -> None:
         torch.testing.assert_close(a, b, rtol=1e-2, atol=1e-2)
 
 
-@pytest.mark.parametrize("ours", list(OURS))
-def test_lkat_mode_matches_torch_mode(ours: str) -> None:
-    """A small LKAT (head dim 64) on CUDA in fp32, attn=ours and attn="torch", each against the model in fp64:
+def test_lkat_short_mode_matches_torch_mode() -> None:
+    """A small LKAT (head dim 64) on CUDA in fp32, attn="short" and attn="torch", each against the model in fp64:
     logits and every parameter gradient as close as the exact torch GLA's (both carry fp32 rounding)."""
     torch.manual_seed(0)
     model = lkat_lens.create_model("lkat_micro", num_classes=10, embed_dim=128, num_heads=2).cuda()
@@ -139,12 +130,12 @@ def test_lkat_mode_matches_torch_mode(ours: str) -> None:
 
     exact = run(copy.deepcopy(model).double().set_backends(kan="torch", gla_input="torch"), "torch", x.double())
     errors = {}
-    for attn in (ours, "torch"):
+    for attn in ("short", "torch"):
         errors[attn] = max(
             ((a.double() - b).abs().max() / b.abs().max().clamp_min(1e-30)).item()
             for a, b in zip(run(model, attn, x), exact, strict=True)
         )
-    assert errors["torch"] < 1e-3 and errors[ours] <= 2 * errors["torch"] + 1e-6, errors
+    assert errors["torch"] < 1e-3 and errors["short"] <= 2 * errors["torch"] + 1e-6, errors
     with torch.autocast("cuda", dtype=torch.bfloat16):
-        logits = model.set_backends(attn=ours)(x)
+        logits = model.set_backends(attn="short")(x)
     assert torch.isfinite(logits).all()
