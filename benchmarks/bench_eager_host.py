@@ -1,22 +1,28 @@
-"""Host time of eager LKAT on a GPU: our ops called through torch.library's autograd against the eager callers.
+"""Host time of eager training on a GPU, two comparisons each alternated --rounds times in one process.
 
-    python benchmarks/bench_eager_host.py --sizes tiny small
+    python benchmarks/bench_eager_host.py --sizes tiny small --compare callers threads
 
-kernels.autograd_ops gives every custom op an eager caller (a plain torch.autograd.Function); the ops themselves
-carry torch.library's autograd wrapper. This script swaps the model's callers for the ops ("library") and back
-("eager") in one process and alternates the two, --rounds times each: the host time of one forward + backward of each
-op at a tiny shape (the GPU's time negligible), and the time of an eager training step of LKAT at each size (bf16
-autocast, fused AdamW, batch --batch at 224², synchronised after --iters steps). Writes JSON and prints markdown.
+"callers": kernels.autograd_ops gives every custom op an eager caller (a plain torch.autograd.Function); the ops
+themselves carry torch.library's autograd wrapper. The model's callers are swapped for the ops ("library") and back
+("eager"): the host time of one forward + backward of each op at a tiny shape (the GPU's time negligible), and the
+time of an eager training step of LKAT at each size.
+"threads": an eager training step of ViT and of LKAT at each size with the backward on the autograd engine's device
+thread ("device", torch's default) and on the calling thread ("caller", torch.autograd.set_multithreading_enabled
+(False), as the trainer runs it).
+A training step: bf16 autocast, fused AdamW, batch --batch at 224², synchronised after --iters steps. Writes JSON and
+prints markdown.
 """
 
 from __future__ import annotations
 
 import argparse
+import functools
 import statistics
 import time
 from collections.abc import Callable
 from pathlib import Path
 
+import timm
 import torch
 import torch.nn.functional as F
 from common import dated_result_path, environment, write_result  # benchmarks/ is the script folder
@@ -35,6 +41,7 @@ CALLERS = [
 ]
 EAGER = {(module, caller): getattr(module, caller) for module, caller, _ in CALLERS}
 PATHS = ("library", "eager")
+THREADS = ("device", "caller")
 
 
 def use(path: str) -> None:
@@ -85,10 +92,11 @@ def op_cases() -> dict[str, Callable[[], None]]:
     }
 
 
-def step_ms(size: str, batch: int, warmup: int, iters: int, rounds: int) -> dict[str, list[float]]:
-    """ms per eager training step of LKAT at `size`, each path `rounds` times, alternating."""
+def training_step(name: str, batch: int) -> Callable[[], None]:
+    """One eager training step of a fresh model `name` (timm's ViT or LKAT, 1000 classes) on synthetic data."""
     torch.manual_seed(0)
-    model = lkat_lens.create_model(f"lkat_{size}_patch16_224", num_classes=1000, img_size=224).cuda().train()
+    make = lkat_lens.create_model if name.startswith("lkat") else timm.create_model
+    model = make(name, num_classes=1000).cuda().train()
     opt = torch.optim.AdamW(model.parameters(), lr=1e-4, fused=True)
     x = torch.randn(batch, 3, 224, 224, device="cuda")
     y = torch.randint(0, 1000, (batch,), device="cuda")
@@ -100,10 +108,17 @@ def step_ms(size: str, batch: int, warmup: int, iters: int, rounds: int) -> dict
         opt.step()
         opt.zero_grad(set_to_none=True)
 
-    times: dict[str, list[float]] = {path: [] for path in PATHS}
+    return step
+
+
+def alternate(
+    step: Callable[[], None], variants: dict[str, Callable[[], None]], warmup: int, iters: int, rounds: int
+) -> dict[str, list[float]]:
+    """ms per step under each variant (its setup called first), --rounds times each, alternating."""
+    times: dict[str, list[float]] = {name: [] for name in variants}
     for _ in range(rounds):
-        for path in PATHS:
-            use(path)
+        for name, setup in variants.items():
+            setup()
             for _ in range(warmup):
                 step()
             torch.cuda.synchronize()
@@ -111,8 +126,45 @@ def step_ms(size: str, batch: int, warmup: int, iters: int, rounds: int) -> dict
             for _ in range(iters):
                 step()
             torch.cuda.synchronize()
-            times[path].append((time.perf_counter() - start) / iters * 1e3)
+            times[name].append((time.perf_counter() - start) / iters * 1e3)
     return times
+
+
+def row(what: str, times: dict[str, list[float]]) -> dict:
+    """A result row: what was timed, each variant's times and median."""
+    return {"what": what, "times": times, **{f"{v}_median": statistics.median(t) for v, t in times.items()}}
+
+
+def compare_callers(args: argparse.Namespace) -> list[dict]:
+    """Rows of the "callers" comparison: each op's host time, then LKAT's eager steps."""
+    rows = []
+    for name, fn in op_cases().items():
+        times: dict[str, list[float]] = {path: [] for path in PATHS}
+        for _ in range(args.rounds):
+            for path in PATHS:
+                use(path)
+                times[path].append(host_us(fn, args.calls))
+        rows.append(row(f"{name} forward + backward, host us", times))
+    paths = {path: functools.partial(use, path) for path in PATHS}
+    for size in args.sizes:
+        step = training_step(f"lkat_{size}_patch16_224", args.batch)
+        times = alternate(step, paths, args.warmup, args.iters, args.rounds)
+        rows.append(row(f"LKAT-{size[0].upper()} eager training step, ms", times))
+    use("eager")
+    return rows
+
+
+def compare_threads(args: argparse.Namespace) -> list[dict]:
+    """Rows of the "threads" comparison: ViT's and LKAT's eager steps at each size."""
+    threads = {t: functools.partial(torch.autograd.set_multithreading_enabled, t == "device") for t in THREADS}
+    rows = []
+    for size in args.sizes:
+        for family, label in (("vit", "ViT"), ("lkat", "LKAT")):
+            step = training_step(f"{family}_{size}_patch16_224", args.batch)
+            times = alternate(step, threads, args.warmup, args.iters, args.rounds)
+            rows.append(row(f"{label}-{size[0].upper()} eager training step, ms", times))
+    torch.autograd.set_multithreading_enabled(False)
+    return rows
 
 
 def main() -> None:
@@ -123,30 +175,26 @@ def main() -> None:
     parser.add_argument("--iters", type=int, default=10)
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--calls", type=int, default=300, help="timed calls per op and round")
+    parser.add_argument("--compare", nargs="+", default=["callers", "threads"], choices=["callers", "threads"])
     parser.add_argument("--out", type=Path, default=None)
     args = parser.parse_args()
     torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = True  # as the trainer under autocast
+    torch.autograd.set_multithreading_enabled(False)  # as the trainer ("threads" compares both)
     env = environment()
+    comparisons = {"callers": (compare_callers, PATHS), "threads": (compare_threads, THREADS)}
     rows = []
-    for name, fn in op_cases().items():
-        times: dict[str, list[float]] = {path: [] for path in PATHS}
-        for _ in range(args.rounds):
-            for path in PATHS:
-                use(path)
-                times[path].append(host_us(fn, args.calls))
-        rows.append({"what": f"{name} forward + backward, host us", "times": times})
-    for size in args.sizes:
-        times = step_ms(size, args.batch, args.warmup, args.iters, args.rounds)
-        rows.append({"what": f"LKAT-{size[0].upper()} eager training step, ms", "times": times})
-    use("eager")
-    for row in rows:
-        row |= {f"{path}_median": statistics.median(row["times"][path]) for path in PATHS} | env
+    for name in args.compare:
+        run, variants = comparisons[name]
+        for r in run(args):
+            rows.append({"comparison": name, **r, **env})
     write_result(args.out or dated_result_path("bench_eager_host", env), rows)
-    print("| what | library (median; all rounds) | eager callers (median; all rounds) | GPU |")
-    print("|---|---|---|---|")
-    for r in rows:
-        cells = [f"{r[f'{p}_median']:.1f} ({', '.join(f'{t:.1f}' for t in r['times'][p])})" for p in PATHS]
-        print(f"| {r['what']} | {cells[0]} | {cells[1]} | {r['gpu']} |")
+    for name in args.compare:
+        variants = comparisons[name][1]
+        print(f"\n| {name}: what | " + " | ".join(f"{v} (median; all rounds)" for v in variants) + " | GPU |")
+        print("|---|" + "---|" * (len(variants) + 1))
+        for r in (r for r in rows if r["comparison"] == name):
+            cells = [f"{r[f'{v}_median']:.1f} ({', '.join(f'{t:.1f}' for t in r['times'][v])})" for v in variants]
+            print(f"| {r['what']} | " + " | ".join(cells) + f" | {r['gpu']} |")
 
 
 if __name__ == "__main__":

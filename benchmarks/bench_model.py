@@ -11,7 +11,9 @@ mode of --attn, and the configuration the paper's code runs (fla's fused_recurre
 elementwise RBF op with fp32 output, i.e. KAN backend "torch"; the paper-design Triton RBF kernel is not
 in this repository). A training step is forward, backward and a fused AdamW step under bf16 autocast on
 synthetic data already on the GPU, with TF32 matmuls where a model keeps fp32 (as the trainer sets them under
-autocast; --tf32 off for full fp32 there); inference is a bf16-autocast forward without gradients. Each row carries
+autocast; --tf32 off for full fp32 there) and the backward on the calling thread (as the trainer runs it;
+--backward-thread device for the autograd engine's device thread); inference is a bf16-autocast forward without
+gradients. Each row carries
 ratios to the ViT of its size (same compile setting) and to the paper configuration of its size.
 The sweep keeps tokens x batch near --sweep-tokens and reports per-image numbers and the crossover
 resolution where LKAT-S starts to train (and infer) faster than ViT-S.
@@ -140,7 +142,7 @@ def measure(config: Config, batch: int, img: int, warmup: int, iters: int) -> di
 
 def bench(config: Config, batch: int, img: int, warmup: int, iters: int) -> dict:
     """One row: the config, its shape and measurements, or the error (e.g. out of memory) that stopped it."""
-    row = {**asdict(config), "batch": batch, "img_size": img, "tokens": tokens(config, img), "tf32": tf32()}
+    row = {**asdict(config), "batch": batch, "img_size": img, "tokens": tokens(config, img), **settings()}
     try:
         row.update(measure(config, batch, img, warmup, iters))
     except Exception as error:  # record it and go on with the other configs
@@ -157,9 +159,11 @@ def bench(config: Config, batch: int, img: int, warmup: int, iters: int) -> dict
     return row
 
 
-def tf32() -> bool:
-    """Whether fp32 matmuls run as TF32 (--tf32)."""
-    return torch.backends.cuda.matmul.allow_tf32
+def settings() -> dict:
+    """The process settings a row was measured under: TF32 for fp32 matmuls (--tf32) and the backward's thread
+    (--backward-thread)."""
+    thread = "device" if torch._C._is_multithreading_enabled() else "caller"
+    return {"tf32": torch.backends.cuda.matmul.allow_tf32, "backward_thread": thread}
 
 
 def tokens(config: Config, img: int) -> int:
@@ -412,7 +416,7 @@ def compare(args: argparse.Namespace, out: Path) -> list[dict]:
             for label, name, kwargs, backends, budget in compared_variants(size, args):
                 row = {"label": label, "model": name, "pair": size, "compile": mode}
                 row |= {k: backends.get(k) for k in ("attn", "kan", "gla_input")} | {"activation_memory_budget": budget}
-                row |= {"batch": args.batch, "img_size": args.img_size, "device": args.device, "tf32": tf32()}
+                row |= {"batch": args.batch, "img_size": args.img_size, "device": args.device, **settings()}
                 start = time.perf_counter()
                 try:
                     row |= compare_measure(name, kwargs, backends, mode, budget, args)
@@ -506,9 +510,16 @@ def main() -> None:
         help="TF32 for fp32 matmuls and convolutions (on: as the trainer sets them under bf16 autocast; LKAT's "
         "gate projection runs in fp32)",
     )
+    parser.add_argument(
+        "--backward-thread",
+        choices=["caller", "device"],
+        default="caller",
+        help="where autograd runs the backward: the calling thread (as the trainer) or the engine's device thread",
+    )
     parser.add_argument("--out", type=Path, default=None)
     args = parser.parse_args()
     torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = args.tf32 == "on"
+    torch.autograd.set_multithreading_enabled(args.backward_thread == "device")
     env = environment()
     name = "bench_model_sweep" if args.sweep else "bench_model_compare" if args.compare else "bench_model"
     out = args.out or dated_result_path(name, env)

@@ -272,18 +272,22 @@ def _gla_short_bwd_kernel(
 def _forward_configs(V: int) -> list[triton.Config]:
     """Autotune candidates of the forward: (V tile, warps, stages, register cap). Uncapped, the 4-warp program takes
     all 255 registers and two fit on an H100 SM; capped at 168 (a few spills) three fit, so LKAT-T's 384 programs
-    run in one wave instead of two (0.195 -> 0.133 ms; benchmarks/bench_gla_registers.py). Fewer warps spill (sm_90)."""
+    run in one wave instead of two (0.195 -> 0.133 ms; benchmarks/bench_gla_registers.py). Fewer warps spill (sm_90).
+    Loads pipelined over 3 stages won at 128 programs only (H200 autotuning: 0.048 against 0.055 ms)."""
     tiles = {(min(V, 64), 4, 1, 0), (min(V, 64), 4, 2, 0), (min(V, 64), 8, 1, 0), (min(V, 32), 4, 1, 0)}
-    tiles |= {(min(V, 64), 4, 1, 168), (min(V, 64), 4, 1, 128)}
+    tiles |= {(min(V, 64), 4, 1, 168), (min(V, 64), 4, 1, 128), (min(V, 64), 4, 3, 0)}
     return [triton.Config({"BV": bv}, num_warps=w, num_stages=s, maxnreg=r or None) for bv, w, s, r in sorted(tiles)]
 
 
 def _backward_configs(V: int) -> list[triton.Config]:
-    """Autotune candidates of the backward: warps (the whole [K, V] gradient state sits in registers), and for
-    heads up to 64 wide a register cap of 168 (three programs per H100 SM: one wave for LKAT-T's 384)."""
+    """Autotune candidates of the backward: warps (the whole [K, V] gradient state sits in registers), for heads up
+    to 64 wide a register cap of 168 (three programs per H100 SM: one wave for LKAT-T's 384), each with the walks'
+    loads software-pipelined over 3 stages or not. Three stages won at 768 and 1536 programs (LKAT-S and LKAT-B at
+    224², H200 autotuning: 0.421 against 0.469 ms and 0.834 against 0.925); LKAT-T's shape keeps the cap, 1 stage."""
     if V > 64:
-        return [triton.Config({}, num_warps=w, num_stages=1) for w in (8, 16)]
-    return [triton.Config({}, num_warps=w, num_stages=1, maxnreg=r) for w, r in ((4, None), (8, None), (4, 168))]
+        return [triton.Config({}, num_warps=w, num_stages=s) for w in (8, 16) for s in (1, 3)]
+    caps = ((4, None), (8, None), (4, 168))
+    return [triton.Config({}, num_warps=w, num_stages=s, maxnreg=r) for w, r in caps for s in (1, 3)]
 
 
 def _intra_configs() -> list[triton.Config]:
