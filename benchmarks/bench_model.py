@@ -21,7 +21,9 @@ resolution where LKAT-S starts to train (and infer) faster than ViT-S.
 path of --gla-input) under each
 --compile-modes setting
 ("eager", or a torch.compile mode with fullgraph=True: any graph break fails the row): train and inference
-images/s, peak memory per image, and one profiled training step and inference (profile_step.py: kernel launches,
+images/s, peak memory per image (over the warm-up steps too, which compile, autotune Triton kernels whose tuning is not
+cached yet and record CUDA graphs; `*_steady_peak_MiB_per_image`: the timed steps' alone), and one profiled training
+step and inference (profile_step.py: kernel launches,
 GPU-busy fraction, the share of dtype copies, the top ops), with LKAT's ratios to ViT; --memory-budgets adds compiled
 LKAT rows at each activation memory budget (the trainer's --activation-memory-budget). --tiny compares lkat_micro
 with a ViT of its size (16², patch 4, 64-d, 4 blocks), so that the mode runs on a CPU in seconds.
@@ -352,10 +354,16 @@ def _compare_measure(name: str, kwargs: dict, backends: dict, mode: str, args: a
     for phase, fn, train in (("train", train_step, True), ("infer", infer, False)):
         model.train(train)
         reset_peak(device)
-        ms = wall_ms(fn, args.warmup, args.iters, device)
-        peak = peak_gib(device)
+        for _ in range(args.warmup):  # compiles, autotunes (unless Triton's cache holds the tuning) and records graphs
+            fn()
+        warm_up = peak_gib(device)
+        reset_peak(device)
+        ms = wall_ms(fn, 0, args.iters, device)
+        steady = peak_gib(device)
+        peak = None if steady is None else max(warm_up, steady)
         row |= {f"{phase}_ms": ms, f"{phase}_img_s": batch / ms * 1e3, f"{phase}_peak_GiB": peak}
         row[f"{phase}_peak_MiB_per_image"] = None if peak is None else peak * 1024 / batch
+        row[f"{phase}_steady_peak_MiB_per_image"] = None if steady is None else steady * 1024 / batch
         row[f"{phase}_profile"] = profile_step(fn, device)
     return row
 
@@ -388,6 +396,8 @@ def compare_ratios(rows: list[dict]) -> None:
                     r["train_kernels_x_vit"] = mine["device_kernels"] / max(theirs["device_kernels"], 1)
                 if r["train_peak_GiB"] is not None:
                     r["train_memory_x_vit"] = r["train_peak_GiB"] / ref["train_peak_GiB"]
+                    steady = "train_steady_peak_MiB_per_image"
+                    r["train_steady_memory_x_vit"] = r[steady] / ref[steady]
 
 
 def compared_variants(size: str, args: argparse.Namespace) -> list[tuple[str, str, dict, dict, float]]:

@@ -614,8 +614,10 @@ def apply_process_settings(cfg: TrainConfig, info: lkdist.DistInfo) -> torch.dty
     amp_dtype = amp_dtype_for(cfg.amp, info.device)
     if info.device.type == "cuda":  # TF32 matmuls alongside autocast; --amp off is full fp32
         torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = amp_dtype is not None
-        # backward on the training thread, not the autograd engine's device thread: eager steps took 8-20 % less
-        # time for LKAT and ViT alike (benchmarks/bench_eager_host.py); thread-local, this process's main thread
+        # backward on the training thread, not the autograd engine's device thread (thread-local: this process's
+        # main thread). Eager steps on an H200 (benchmarks/bench_eager_host.py --compare threads, two calls): ViT-T
+        # 20-27 % faster, LKAT-S and the B models up to 11 % faster or the same, LKAT-T 17 % faster in one call and
+        # 9 % slower in the other, within the lent host's noise; compiled steps replay one graph either way
         torch.autograd.set_multithreading_enabled(False)
     if cfg.activation_memory_budget is not None:  # read when the compiled step is first traced
         torch._functorch.config.activation_memory_budget = cfg.activation_memory_budget

@@ -5,8 +5,10 @@ from __future__ import annotations
 import dataclasses
 
 import pytest
+import torch
 
 from lkat_lens import train as lktrain
+from lkat_lens.distributed import DistInfo
 from lkat_lens.train_config import TrainConfig, UsageError, resolve_config
 
 
@@ -64,3 +66,20 @@ def test_resume_keeps_saved_settings_but_takes_this_invocations_and_given_machin
 def test_out_of_range_values_are_user_errors(argv, message):
     with pytest.raises(UsageError, match=message.replace("[", r"\[").replace("(", r"\(").replace(")", r"\)")):
         resolve_config(parse(*argv))
+
+
+def test_cuda_runs_take_tf32_and_the_backward_on_the_training_thread():
+    """The process settings of a CUDA run (settable without a GPU): TF32 beside bf16 autocast and autograd's backward
+    on the calling thread; a CPU run keeps the engine's default threads."""
+    before = (torch.get_num_threads(), torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32)
+    cfg = resolve_config(parse())
+    try:
+        assert lktrain.apply_process_settings(cfg, DistInfo(0, 1, 0, torch.device("cpu"))) is None
+        assert torch._C._is_multithreading_enabled()
+        assert lktrain.apply_process_settings(cfg, DistInfo(0, 1, 0, torch.device("cuda"))) == torch.bfloat16
+        assert not torch._C._is_multithreading_enabled()
+        assert torch.backends.cuda.matmul.allow_tf32 and torch.backends.cudnn.allow_tf32
+    finally:
+        torch.autograd.set_multithreading_enabled(True)
+        torch.set_num_threads(before[0])
+        torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = before[1:]
