@@ -22,12 +22,11 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-import timm
 import torch
 import torch.nn.functional as F
-from common import dated_result_path, environment, write_result  # benchmarks/ is the script folder
+from bench_model import Config, build, lkat, vit  # benchmarks/ is the script folder
+from common import dated_result_path, environment, write_result
 
-import lkat_lens
 from lkat_lens.kernels import gla_fla, gla_input, gla_short, kan_linear, rbf
 
 # (module, the eager caller's name, the op's name): the callers the model's code looks up at call time
@@ -92,11 +91,10 @@ def op_cases() -> dict[str, Callable[[], None]]:
     }
 
 
-def training_step(name: str, batch: int) -> Callable[[], None]:
-    """One eager training step of a fresh model `name` (timm's ViT or LKAT, 1000 classes) on synthetic data."""
+def training_step(config: Config, batch: int) -> Callable[[], None]:
+    """One eager training step of a fresh model (bench_model's build: 1000 classes, 224²) on synthetic data."""
     torch.manual_seed(0)
-    make = lkat_lens.create_model if name.startswith("lkat") else timm.create_model
-    model = make(name, num_classes=1000).cuda().train()
+    model = build(config, 224).train()
     opt = torch.optim.AdamW(model.parameters(), lr=1e-4, fused=True)
     x = torch.randn(batch, 3, 224, 224, device="cuda")
     y = torch.randint(0, 1000, (batch,), device="cuda")
@@ -147,9 +145,9 @@ def compare_callers(args: argparse.Namespace) -> list[dict]:
         rows.append(row(f"{name} forward + backward, host us", times))
     paths = {path: functools.partial(use, path) for path in PATHS}
     for size in args.sizes:
-        step = training_step(f"lkat_{size}_patch16_224", args.batch)
-        times = alternate(step, paths, args.warmup, args.iters, args.rounds)
-        rows.append(row(f"LKAT-{size[0].upper()} eager training step, ms", times))
+        config = lkat(size, "auto")
+        times = alternate(training_step(config, args.batch), paths, args.warmup, args.iters, args.rounds)
+        rows.append(row(f"{config.label} eager training step, ms", times))
     use("eager")
     return rows
 
@@ -159,10 +157,9 @@ def compare_threads(args: argparse.Namespace) -> list[dict]:
     threads = {t: functools.partial(torch.autograd.set_multithreading_enabled, t == "device") for t in THREADS}
     rows = []
     for size in args.sizes:
-        for family, label in (("vit", "ViT"), ("lkat", "LKAT")):
-            step = training_step(f"{family}_{size}_patch16_224", args.batch)
-            times = alternate(step, threads, args.warmup, args.iters, args.rounds)
-            rows.append(row(f"{label}-{size[0].upper()} eager training step, ms", times))
+        for config in (vit(size), lkat(size, "auto")):
+            times = alternate(training_step(config, args.batch), threads, args.warmup, args.iters, args.rounds)
+            rows.append(row(f"{config.label} eager training step, ms", times))
     torch.autograd.set_multithreading_enabled(False)
     return rows
 
