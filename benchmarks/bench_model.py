@@ -287,12 +287,10 @@ def compared_models(size: str, tiny: bool) -> list[tuple[str, str, dict]]:
     ]
 
 
-def wall_ms(fn, warmup: int, iters: int, device: str) -> float:
-    """Median milliseconds per call: CUDA events on a GPU, perf_counter elsewhere."""
+def wall_ms(fn, iters: int, device: str) -> float:
+    """Median milliseconds per call (no warm-up: the caller's): CUDA events on a GPU, perf_counter elsewhere."""
     if device == "cuda":
-        return time_ms(fn, warmup, iters)
-    for _ in range(warmup):
-        fn()
+        return time_ms(fn, 0, iters)
     times = []
     for _ in range(iters):
         start = time.perf_counter()
@@ -358,7 +356,7 @@ def _compare_measure(name: str, kwargs: dict, backends: dict, mode: str, args: a
             fn()
         warm_up = peak_gib(device)
         reset_peak(device)
-        ms = wall_ms(fn, 0, args.iters, device)
+        ms = wall_ms(fn, args.iters, device)
         steady = peak_gib(device)
         peak = None if steady is None else max(warm_up, steady)
         row |= {f"{phase}_ms": ms, f"{phase}_img_s": batch / ms * 1e3, f"{phase}_peak_GiB": peak}
