@@ -1,10 +1,12 @@
-"""kernels.autograd_ops: the eager caller of a custom op (a plain autograd.Function around the op's own call, setup
-and backward) gives the op's values and gradients, and torch.compile still sees the op."""
+"""kernels.autograd_ops: the eager caller of a custom op (a plain autograd.Function around the function the op runs,
+its setup and its backward formula with the backward op's function) gives the op's values and gradients without
+dispatching the ops, and torch.compile still sees the op."""
 
 from __future__ import annotations
 
 import pytest
 import torch
+from torch.utils._python_dispatch import TorchDispatchMode
 
 from lkat_lens.kernels import kan_linear, rbf
 
@@ -48,6 +50,34 @@ def test_eager_caller_matches_the_ops_own_autograd(case: str) -> None:
     assert len(eager) == len(library)
     for a, b in zip(eager, library, strict=True):
         assert torch.equal(a, b)
+
+
+class _OpNames(TorchDispatchMode):
+    """Records the name of every op dispatched while active."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.names: list[str] = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        self.names.append(str(func))
+        return func(*args, **(kwargs or {}))
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_eager_caller_runs_the_functions_without_dispatching_the_ops(case: str) -> None:
+    """The eager forward and backward call the functions behind the ops: no lkat_lens op reaches the dispatcher
+    (its host cost is what the eager callers save), while the library's own call dispatches both."""
+    op, caller, make = CASES[case]
+    x = (torch.randn(5, 6, dtype=torch.float64) * 1.5).requires_grad_()
+    inputs = make(x, torch.randn(1, 4, dtype=torch.float64, requires_grad=True))
+    seen = {}
+    for name, fn in (("eager", caller), ("library", op)):
+        with _OpNames() as mode:
+            _values_and_grads(fn, inputs)
+        seen[name] = [n for n in mode.names if n.startswith("lkat_lens.")]
+    assert seen["eager"] == [], seen["eager"]
+    assert len(seen["library"]) == 2 and seen["library"][1].split(".")[1].endswith("_backward"), seen["library"]
 
 
 def test_compiled_caller_keeps_the_op_in_the_graph() -> None:

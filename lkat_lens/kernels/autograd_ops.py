@@ -1,45 +1,65 @@
-"""Our kernels' custom ops with their autograd formula, called without torch.library's autograd wrapper in eager mode.
+"""Our kernels' custom ops with their autograd formula; in eager mode the plain functions behind them are called.
 
 torch.compile needs each kernel as a torch.library custom op: one opaque node with a fake implementation and a
-registered backward. In eager mode the library's autograd wrapper costs host time on every call: torch.profiler put
-its nodes (GeneratedBackwardFor_lkat_lens_*) at about 15 ms of an eager LKAT-T training step's 107 ms of host time
-(H200 machine, torch 2.11, batch 128; the step is bound by the host). With the plain Function below, the step took
-72.7 ms against 85.0 ms through the library (LKAT-S 73.1 against 78.0, LKAT-B 78.8 against 82.2; medians of three
-alternating rounds in one process, `benchmarks/bench_eager_host.py`; the host's timings vary by 10-20 %).
+registered backward. In eager mode the op costs host time on every call: first its autograd wrapper (torch.profiler
+put its nodes, GeneratedBackwardFor_lkat_lens_*, at about 15 ms of an eager LKAT-T training step's 107 ms of host
+time; H200 machine, torch 2.11, batch 128; the step is bound by the host), then its dispatch (the dispatcher, the
+library's backend wrapper, dynamo's disable guard) down to the function it wraps: calling those functions directly
+took an eager LKAT-T step at batch 8 from 58.7 to 45.8 ms of host time (batch 128: 46.8 to 40.3; scratch ablation on
+the H200 machine, medians of three alternating rounds in one process).
 
-`differentiable` registers the formula on the op, for torch.compile, and returns the function the model calls: the
-op itself while torch.compile traces, else a plain torch.autograd.Function around the same pieces (the op's own
-call without gradients, which still dispatches to its CPU or CUDA kernel, then the same setup_context and
-backward). Both paths compute the same values; the tests hold each op to its torch reference either way.
+So each computation is a `Kernel`: the custom op and the plain function it runs (one that serves every device the op
+does). `differentiable` registers the autograd formula on the forward op, for torch.compile, and returns the function
+the model calls: the op itself while torch.compile traces, else a plain torch.autograd.Function that runs the
+forward's function, the same setup_context and the same backward formula with the backward's function in place of
+the backward op. Both paths compute the same values; the tests hold each op to its torch reference either way.
 """
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
 
 
-def differentiable(
-    op: Any, backward: Callable[..., tuple], setup_context: Callable[[Any, tuple, Any], None]
-) -> Callable[..., Any]:
-    """Register (backward, setup_context) as the custom op's autograd formula and return its differentiable caller
-    (positional arguments, as the op takes them)."""
-    op.register_autograd(backward, setup_context=setup_context)
+class Kernel(NamedTuple):
+    """One computation as a torch custom op (what torch.compile traces) and as the plain function the op runs (what
+    eager mode calls)."""
 
-    def forward(ctx: Any, *inputs: Any) -> Any:
-        output = op(*inputs)  # gradients are off here: the op's call without its autograd wrapper
+    op: Any
+    function: Callable[..., Any]
+
+
+def differentiable(
+    forward: Kernel,
+    backward_kernel: Kernel,
+    backward: Callable[..., tuple],
+    setup_context: Callable[[Any, tuple, Any], None],
+) -> Callable[..., Any]:
+    """Register the autograd formula on forward.op and return its differentiable caller (positional arguments, as
+    the op takes them). backward(ctx, *grads, kernel=...) computes the input gradients with `kernel`: the backward op
+    when torch.compile traces, its function in eager mode."""
+    forward.op.register_autograd(functools.partial(backward, kernel=backward_kernel.op), setup_context=setup_context)
+
+    def eager_forward(ctx: Any, *inputs: Any) -> Any:
+        output = forward.function(*inputs)  # gradients are off inside an autograd.Function's forward
         setup_context(ctx, inputs, output)
         return output
 
+    def eager_backward(ctx: Any, *grads: Any) -> Any:
+        return backward(ctx, *grads, kernel=backward_kernel.function)
+
     # named after the op (its backward node is Eager_<op>Backward), so profiles and grad_fn tell the ops apart
-    name = f"Eager_{getattr(op, '_name', 'op')}"
+    name = f"Eager_{getattr(forward.op, '_name', 'op')}"
     function = type(
-        name, (torch.autograd.Function,), {"forward": staticmethod(forward), "backward": staticmethod(backward)}
+        name,
+        (torch.autograd.Function,),
+        {"forward": staticmethod(eager_forward), "backward": staticmethod(eager_backward)},
     )
 
     def call(*inputs: Any) -> Any:
-        return op(*inputs) if torch.compiler.is_compiling() else function.apply(*inputs)
+        return forward.op(*inputs) if torch.compiler.is_compiling() else function.apply(*inputs)
 
     return call

@@ -19,7 +19,7 @@ from typing import Any
 
 import torch
 
-from .autograd_ops import differentiable
+from .autograd_ops import Kernel, differentiable
 
 MODES = ("chunk", "fused_recurrent")
 
@@ -76,17 +76,25 @@ def _fla_backward(q, k, v, gk, do, scale, mode) -> tuple[torch.Tensor, ...]:
     return dq.to(q.dtype), dk.to(k.dtype), dv.to(v.dtype), dg.to(gk.dtype)
 
 
+def _forward(q, k, v, gk, scale, mode) -> torch.Tensor:
+    """GLA output [B, T, H, V] in q's dtype: fla's kernel for `mode` on CUDA (contiguous operands), the torch form
+    on the CPU."""
+    return _fla_forward(q, k, v, gk, scale, mode) if q.is_cuda else _reference(q, k, v, gk, scale).contiguous()
+
+
+def _backward_kernel(q, k, v, gk, do, scale, mode) -> tuple[torch.Tensor, ...]:
+    """(dq, dk, dv, dgk): fla's backward kernels for `mode` on CUDA, the torch form's gradient on the CPU."""
+    if q.is_cuda:
+        return _fla_backward(q, k, v, gk, do.contiguous(), scale, mode)
+    return _reference_backward(q, k, v, gk, do, scale)
+
+
 @torch.library.custom_op("lkat_lens::fla_gla", mutates_args=())
 def _fla_gla_op(
     q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, gk: torch.Tensor, scale: float, mode: str
 ) -> torch.Tensor:
-    """GLA output [B, T, H, V] in q's dtype by fla's kernel for `mode` (contiguous operands)."""
-    return _fla_forward(q, k, v, gk, scale, mode)
-
-
-@_fla_gla_op.register_kernel("cpu")
-def _fla_gla_cpu(q, k, v, gk, scale, mode):
-    return _reference(q, k, v, gk, scale).contiguous()
+    """The forward (_forward) as a custom op."""
+    return _forward(q, k, v, gk, scale, mode)
 
 
 @_fla_gla_op.register_fake
@@ -98,13 +106,8 @@ def _fla_gla_fake(q, k, v, gk, scale, mode):
 def _fla_gla_backward_op(
     q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, gk: torch.Tensor, do: torch.Tensor, scale: float, mode: str
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-    """(dq, dk, dv, dgk) by fla's backward kernels for `mode`."""
-    return _fla_backward(q, k, v, gk, do.contiguous(), scale, mode)
-
-
-@_fla_gla_backward_op.register_kernel("cpu")
-def _fla_gla_backward_cpu(q, k, v, gk, do, scale, mode):
-    return _reference_backward(q, k, v, gk, do, scale)
+    """The backward (_backward_kernel) as a custom op."""
+    return _backward_kernel(q, k, v, gk, do, scale, mode)
 
 
 @_fla_gla_backward_op.register_fake
@@ -118,11 +121,13 @@ def _setup_context(ctx: Any, inputs: tuple, output: torch.Tensor) -> None:
     ctx.args = (scale, mode)
 
 
-def _backward(ctx: Any, do: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
-    return (*_fla_gla_backward_op(*ctx.saved_tensors, do, *ctx.args), None, None)
+def _backward(ctx: Any, do: torch.Tensor, kernel) -> tuple[torch.Tensor | None, ...]:
+    return (*kernel(*ctx.saved_tensors, do, *ctx.args), None, None)
 
 
-_fla_gla = differentiable(_fla_gla_op, _backward, _setup_context)
+_fla_gla = differentiable(
+    Kernel(_fla_gla_op, _forward), Kernel(_fla_gla_backward_op, _backward_kernel), _backward, _setup_context
+)
 
 
 def fla_gla(

@@ -33,7 +33,7 @@ import torch.nn.functional as F
 import triton
 import triton.language as tl
 
-from .autograd_ops import differentiable
+from .autograd_ops import Kernel, differentiable
 from .dtypes import compute_dtype
 
 INTERPRET = os.environ.get("TRITON_INTERPRET", "0") == "1"
@@ -389,13 +389,15 @@ def _setup_context(ctx, inputs: tuple, output: torch.Tensor) -> None:
     ctx.heads, ctx.eps = heads, eps
 
 
-def _backward(ctx, do: torch.Tensor) -> tuple:
+def _backward(ctx, do: torch.Tensor, kernel) -> tuple:
     x, conv_weight, norm_weight, cos, sin = ctx.saved_tensors
-    dx, d_conv, d_norm = _gla_input_backward_op(x, conv_weight, norm_weight, cos, sin, do, ctx.heads, ctx.eps)
+    dx, d_conv, d_norm = kernel(x, conv_weight, norm_weight, cos, sin, do, ctx.heads, ctx.eps)
     return dx, d_conv, (None if norm_weight is None else d_norm), None, None, None, None
 
 
-_gla_input = differentiable(_gla_input_op, _backward, _setup_context)
+_gla_input = differentiable(
+    Kernel(_gla_input_op, gla_input_fwd), Kernel(_gla_input_backward_op, gla_input_bwd), _backward, _setup_context
+)
 
 
 def gla_input(

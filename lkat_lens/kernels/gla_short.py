@@ -46,7 +46,7 @@ import torch
 import triton
 import triton.language as tl
 
-from .autograd_ops import differentiable
+from .autograd_ops import Kernel, differentiable
 
 INTERPRET = os.environ.get("TRITON_INTERPRET", "0") == "1"
 CHUNK: tl.constexpr = tl.constexpr(16)
@@ -418,11 +418,13 @@ def _setup_context(ctx, inputs: tuple, output: torch.Tensor) -> None:
     ctx.scale = scale
 
 
-def _backward(ctx, do: torch.Tensor) -> tuple:
-    return (*_gla_short_backward_op(*ctx.saved_tensors, do, ctx.scale), None)
+def _backward(ctx, do: torch.Tensor, kernel) -> tuple:
+    return (*kernel(*ctx.saved_tensors, do, ctx.scale), None)
 
 
-_gla_short = differentiable(_gla_short_op, _backward, _setup_context)
+_gla_short = differentiable(
+    Kernel(_gla_short_op, gla_short_fwd), Kernel(_gla_short_backward_op, gla_short_bwd), _backward, _setup_context
+)
 
 
 def gla_short(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, gk: torch.Tensor, scale: float | None = None):

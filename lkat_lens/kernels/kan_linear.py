@@ -22,7 +22,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from .autograd_ops import differentiable
+from .autograd_ops import Kernel, differentiable
 from .dtypes import autocast_dtype, compute_dtype
 from .kan_dispatch import choose_path
 from .rbf import (
@@ -66,7 +66,7 @@ def _rows(t: torch.Tensor) -> torch.Tensor:
 
 # The fused kernels as torch custom ops (forward, backward), so that torch.compile keeps each in its graph as one
 # opaque call. A gradient that is not needed comes back as an empty tensor (custom ops return tensors only). On the
-# CPU without the Triton interpreter the ops compute the exact references (the backward by torch.func.vjp), so that
+# CPU without the Triton interpreter the ops compute the exact references (the backward by explicit formulas), so that
 # their registrations can be checked there (torch.library.opcheck).
 
 
@@ -85,24 +85,21 @@ def _empty(t: torch.Tensor) -> torch.Tensor:
     return t.new_empty(0)
 
 
-@torch.library.custom_op("lkat_lens::kan_fused", mutates_args=())
-def _kan_fused_op(
-    x: torch.Tensor, grid_weight: torch.Tensor, weight: torch.Tensor, grid_min: float, grid_max: float
-) -> torch.Tensor:
-    """y = psi(x) W^T [..., out] in W's dtype, psi evaluated inside the matmul kernel."""
-    return _kan_fused_triton(x, grid_weight, weight, grid_min, grid_max)
-
-
-def _kan_fused_triton(x, grid_weight, weight, grid_min, grid_max):
+def _kan_fused_forward(x, grid_weight, weight, grid_min, grid_max):
+    """y = psi(x) W^T [..., out] in W's dtype: psi evaluated inside the matmul kernel (CUDA, or the interpreter),
+    else the exact reference."""
+    if not (x.is_cuda or _interpreted()):
+        return kan_linear_reference(x, grid_weight, weight, grid_min, grid_max).contiguous()
     y = kan_triton.kan_fwd(_rows(x), grid_weight, weight, grid_min, grid_max)
     return y.view(*x.shape[:-1], weight.shape[0])
 
 
-@_kan_fused_op.register_kernel("cpu")
-def _kan_fused_cpu(x, grid_weight, weight, grid_min, grid_max):
-    if _interpreted():
-        return _kan_fused_triton(x, grid_weight, weight, grid_min, grid_max)
-    return kan_linear_reference(x, grid_weight, weight, grid_min, grid_max).contiguous()
+@torch.library.custom_op("lkat_lens::kan_fused", mutates_args=())
+def _kan_fused_op(
+    x: torch.Tensor, grid_weight: torch.Tensor, weight: torch.Tensor, grid_min: float, grid_max: float
+) -> torch.Tensor:
+    """The forward (_kan_fused_forward) as a custom op."""
+    return _kan_fused_forward(x, grid_weight, weight, grid_min, grid_max)
 
 
 @_kan_fused_op.register_fake
@@ -121,12 +118,15 @@ def _kan_fused_backward_op(
     need_dx: bool,
     need_dw: bool,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """(dx, d grid_weight, dW) in the dtypes of x, grid_weight, W (empty where not needed); dx and d grid_weight
-    come together."""
-    return _kan_fused_backward_triton(x, grid_weight, weight, dy, grid_min, grid_max, need_dx, need_dw)
+    """The backward (_kan_fused_backward) as a custom op."""
+    return _kan_fused_backward(x, grid_weight, weight, dy, grid_min, grid_max, need_dx, need_dw)
 
 
-def _kan_fused_backward_triton(x, grid_weight, weight, dy, grid_min, grid_max, need_dx, need_dw):
+def _kan_fused_backward(x, grid_weight, weight, dy, grid_min, grid_max, need_dx, need_dw):
+    """(dx, d grid_weight, dW) in the dtypes of x, grid_weight, W (empty where not needed; dx and d grid_weight come
+    together): the fused kernels (CUDA, or the interpreter), else explicit formulas in fp32 (fp64 for fp64)."""
+    if not (x.is_cuda or _interpreted()):
+        return _kan_backward_reference(x, grid_weight, weight, dy, grid_min, grid_max, need_dx, need_dw)
     dx, dgw, dw = kan_triton.kan_bwd(
         _rows(x), grid_weight, weight, _rows(dy), grid_min, grid_max, need_dx=need_dx, need_dw=need_dw
     )
@@ -137,10 +137,8 @@ def _kan_fused_backward_triton(x, grid_weight, weight, dy, grid_min, grid_max, n
     )
 
 
-@_kan_fused_backward_op.register_kernel("cpu")
-def _kan_fused_backward_cpu(x, grid_weight, weight, dy, grid_min, grid_max, need_dx, need_dw):
-    if _interpreted():
-        return _kan_fused_backward_triton(x, grid_weight, weight, dy, grid_min, grid_max, need_dx, need_dw)
+def _kan_backward_reference(x, grid_weight, weight, dy, grid_min, grid_max, need_dx, need_dw):
+    """The fused backward's results by the explicit torch formulas."""
     x32, dy32 = _fp32_or_more(x), _fp32_or_more(dy)
     dx, dgw = _torch_backward(x32, grid_weight, dy32 @ _fp32_or_more(weight), grid_min, grid_max)
     dw = _rows(dy32).T @ _rows(rbf_grid_linear_reference(x32, grid_weight, grid_min, grid_max))
@@ -166,33 +164,35 @@ def _kan_setup_context(ctx: Any, inputs: tuple, output: torch.Tensor) -> None:
     ctx.grid = (grid_min, grid_max)
 
 
-def _kan_backward(ctx: Any, dy: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
+def _kan_backward(ctx: Any, dy: torch.Tensor, kernel) -> tuple[torch.Tensor | None, ...]:
     need_x, need_gw, need_w = ctx.needs_input_grad[:3]
-    dx, dgw, dw = _kan_fused_backward_op(*ctx.saved_tensors, dy, *ctx.grid, need_x or need_gw, need_w)
+    dx, dgw, dw = kernel(*ctx.saved_tensors, dy, *ctx.grid, need_x or need_gw, need_w)
     return (dx if need_x else None), (dgw if need_gw else None), (dw if need_w else None), None, None
 
 
-_kan_fused = differentiable(_kan_fused_op, _kan_backward, _kan_setup_context)
+_kan_fused = differentiable(
+    Kernel(_kan_fused_op, _kan_fused_forward),
+    Kernel(_kan_fused_backward_op, _kan_fused_backward),
+    _kan_backward,
+    _kan_setup_context,
+)
+
+
+def _edge_fused_forward(x, weight, grid_min, grid_max, num_grids):
+    """y = Phi(x) W^T [..., out] in W's dtype: the basis generated inside the matmul kernel (CUDA, or the
+    interpreter), else the exact reference."""
+    if not (x.is_cuda or _interpreted()):
+        return edge_linear_reference(x, weight, grid_min, grid_max, num_grids).contiguous()
+    y = kan_triton.edge_fwd(_rows(x), weight, grid_min, grid_max, num_grids)
+    return y.view(*x.shape[:-1], weight.shape[0])
 
 
 @torch.library.custom_op("lkat_lens::edge_fused", mutates_args=())
 def _edge_fused_op(
     x: torch.Tensor, weight: torch.Tensor, grid_min: float, grid_max: float, num_grids: int
 ) -> torch.Tensor:
-    """y = Phi(x) W^T [..., out] in W's dtype, the basis generated inside the matmul kernel."""
-    return _edge_fused_triton(x, weight, grid_min, grid_max, num_grids)
-
-
-def _edge_fused_triton(x, weight, grid_min, grid_max, num_grids):
-    y = kan_triton.edge_fwd(_rows(x), weight, grid_min, grid_max, num_grids)
-    return y.view(*x.shape[:-1], weight.shape[0])
-
-
-@_edge_fused_op.register_kernel("cpu")
-def _edge_fused_cpu(x, weight, grid_min, grid_max, num_grids):
-    if _interpreted():
-        return _edge_fused_triton(x, weight, grid_min, grid_max, num_grids)
-    return edge_linear_reference(x, weight, grid_min, grid_max, num_grids).contiguous()
+    """The forward (_edge_fused_forward) as a custom op."""
+    return _edge_fused_forward(x, weight, grid_min, grid_max, num_grids)
 
 
 @_edge_fused_op.register_fake
@@ -211,21 +211,23 @@ def _edge_fused_backward_op(
     need_dx: bool,
     need_dw: bool,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """(dx, dW) in the dtypes of x and W (empty where not needed)."""
-    return _edge_fused_backward_triton(x, weight, dy, grid_min, grid_max, num_grids, need_dx, need_dw)
+    """The backward (_edge_fused_backward) as a custom op."""
+    return _edge_fused_backward(x, weight, dy, grid_min, grid_max, num_grids, need_dx, need_dw)
 
 
-def _edge_fused_backward_triton(x, weight, dy, grid_min, grid_max, num_grids, need_dx, need_dw):
+def _edge_fused_backward(x, weight, dy, grid_min, grid_max, num_grids, need_dx, need_dw):
+    """(dx, dW) in the dtypes of x and W (empty where not needed): the fused kernels (CUDA, or the interpreter),
+    else explicit formulas in fp32 (fp64 for fp64)."""
+    if not (x.is_cuda or _interpreted()):
+        return _edge_backward_reference(x, weight, dy, grid_min, grid_max, num_grids, need_dx, need_dw)
     dx, dw = kan_triton.edge_bwd(
         _rows(x), weight, _rows(dy), grid_min, grid_max, num_grids, need_dx=need_dx, need_dw=need_dw
     )
     return (dx.view(x.shape) if need_dx else _empty(x)), (dw if need_dw else _empty(weight))
 
 
-@_edge_fused_backward_op.register_kernel("cpu")
-def _edge_fused_backward_cpu(x, weight, dy, grid_min, grid_max, num_grids, need_dx, need_dw):
-    if _interpreted():
-        return _edge_fused_backward_triton(x, weight, dy, grid_min, grid_max, num_grids, need_dx, need_dw)
+def _edge_backward_reference(x, weight, dy, grid_min, grid_max, num_grids, need_dx, need_dw):
+    """The fused edge backward's results by the explicit torch formulas."""
     t = _scaled_offsets(_fp32_or_more(x), grid_min, grid_max, num_grids)
     phi = torch.exp(-t.square())
     dphi = (_fp32_or_more(dy) @ _fp32_or_more(weight)).unflatten(-1, phi.shape[-2:])
@@ -247,13 +249,18 @@ def _edge_setup_context(ctx: Any, inputs: tuple, output: torch.Tensor) -> None:
     ctx.grid = tuple(grid)
 
 
-def _edge_backward(ctx: Any, dy: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
+def _edge_backward(ctx: Any, dy: torch.Tensor, kernel) -> tuple[torch.Tensor | None, ...]:
     need_x, need_w = ctx.needs_input_grad[:2]
-    dx, dw = _edge_fused_backward_op(*ctx.saved_tensors, dy, *ctx.grid, need_x, need_w)
+    dx, dw = kernel(*ctx.saved_tensors, dy, *ctx.grid, need_x, need_w)
     return (dx if need_x else None), (dw if need_w else None), None, None, None
 
 
-_edge_fused = differentiable(_edge_fused_op, _edge_backward, _edge_setup_context)
+_edge_fused = differentiable(
+    Kernel(_edge_fused_op, _edge_fused_forward),
+    Kernel(_edge_fused_backward_op, _edge_fused_backward),
+    _edge_backward,
+    _edge_setup_context,
+)
 
 
 # The traced path's basis goes by spans of up to four Gaussians, two exponentials per span, as the Triton RBF kernel

@@ -11,7 +11,7 @@ from typing import Any
 
 import torch
 
-from .autograd_ops import differentiable
+from .autograd_ops import Kernel, differentiable
 from .dtypes import compute_dtype
 
 try:
@@ -105,6 +105,23 @@ def _triton_backward(
     return dx.view(x.shape), dw.reshape(weight.shape).to(weight.dtype)
 
 
+def _forward(
+    x: torch.Tensor, weight: torch.Tensor, grid_min: float, grid_max: float, use_triton: bool, out_dtype: torch.dtype
+) -> torch.Tensor:
+    """y in out_dtype: the Triton kernel (rounding once on its store) or the exact reference."""
+    if use_triton:
+        return _triton_forward(x, weight, grid_min, grid_max, out_dtype)
+    return rbf_grid_linear_reference(x, weight, grid_min, grid_max).to(out_dtype).contiguous()
+
+
+def _backward_kernel(
+    x: torch.Tensor, weight: torch.Tensor, dy: torch.Tensor, grid_min: float, grid_max: float, use_triton: bool
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """(dx in x's dtype, dw in the weight's dtype) for the output gradient dy (any float dtype)."""
+    dx, dw = (_triton_backward if use_triton else _torch_backward)(x, weight, dy, grid_min, grid_max)
+    return dx.contiguous(), dw.contiguous()
+
+
 # The operator as torch custom ops (forward, backward), so that torch.compile keeps it in its graph as one opaque
 # call. Both save only x and the weight; the backward recomputes the basis.
 
@@ -113,10 +130,8 @@ def _triton_backward(
 def _rbf_op(
     x: torch.Tensor, weight: torch.Tensor, grid_min: float, grid_max: float, use_triton: bool, out_dtype: torch.dtype
 ) -> torch.Tensor:
-    """y in out_dtype: the Triton kernel (rounding once on its store) or the exact reference."""
-    if use_triton:
-        return _triton_forward(x, weight, grid_min, grid_max, out_dtype)
-    return rbf_grid_linear_reference(x, weight, grid_min, grid_max).to(out_dtype).contiguous()
+    """The forward (_forward) as a custom op."""
+    return _forward(x, weight, grid_min, grid_max, use_triton, out_dtype)
 
 
 @_rbf_op.register_fake
@@ -128,9 +143,8 @@ def _rbf_fake(x, weight, grid_min, grid_max, use_triton, out_dtype):
 def _rbf_backward_op(
     x: torch.Tensor, weight: torch.Tensor, dy: torch.Tensor, grid_min: float, grid_max: float, use_triton: bool
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """(dx in x's dtype, dw in the weight's dtype) for the output gradient dy (any float dtype)."""
-    dx, dw = (_triton_backward if use_triton else _torch_backward)(x, weight, dy, grid_min, grid_max)
-    return dx.contiguous(), dw.contiguous()
+    """The backward (_backward_kernel) as a custom op."""
+    return _backward_kernel(x, weight, dy, grid_min, grid_max, use_triton)
 
 
 @_rbf_backward_op.register_fake
@@ -144,12 +158,14 @@ def _rbf_setup_context(ctx: Any, inputs: tuple, output: torch.Tensor) -> None:
     ctx.args = (grid_min, grid_max, use_triton)
 
 
-def _rbf_backward(ctx: Any, dy: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
-    dx, dw = _rbf_backward_op(*ctx.saved_tensors, dy, *ctx.args)
+def _rbf_backward(ctx: Any, dy: torch.Tensor, kernel) -> tuple[torch.Tensor | None, ...]:
+    dx, dw = kernel(*ctx.saved_tensors, dy, *ctx.args)
     return (dx if ctx.needs_input_grad[0] else None), (dw if ctx.needs_input_grad[1] else None), None, None, None, None
 
 
-_rbf = differentiable(_rbf_op, _rbf_backward, _rbf_setup_context)
+_rbf = differentiable(
+    Kernel(_rbf_op, _forward), Kernel(_rbf_backward_op, _backward_kernel), _rbf_backward, _rbf_setup_context
+)
 
 
 def triton_supports(x: torch.Tensor) -> bool:
