@@ -217,3 +217,24 @@ def test_input_validation() -> None:
 
 if __name__ == "__main__":
     triton_interpreter.report(interpreter_measurements)
+
+
+@pytest.mark.parametrize("rope_mode", ["2dv1", "2dv0"])
+def test_channel_tables_are_reused_until_the_rotation_changes(rope_mode: str) -> None:
+    """A RoPE module returns the same table tensors for the same length while its buffers are unchanged; another
+    length, a loaded state_dict and a dtype change give tables built again, equal to freshly built ones."""
+    rope = make_rope(rope_mode, (3, 4), 16)
+    first = rope.channel_tables(15)
+    assert all(a is b for a, b in zip(first, rope.channel_tables(15), strict=True))
+    assert rope.channel_tables(13)[0].shape[0] == 13
+    state = {name: t * 0.5 for name, t in rope.state_dict().items()}
+    if state:  # "2dv0" stores its tables (a checkpoint's own); "2dv1" derives them from the grid
+        rope.load_state_dict(state)
+        again = rope.channel_tables(15)
+        assert all(torch.equal(a[:12], 0.5 * b[:12]) for a, b in zip(again, first, strict=True))
+    doubled = rope.double().channel_tables(15)
+    assert doubled[0].dtype == torch.float64
+    fresh = make_rope(rope_mode, (3, 4), 16).double()
+    if state:
+        fresh.load_state_dict({name: t.double() for name, t in state.items()})
+    assert all(torch.equal(a, b) for a, b in zip(doubled, fresh.channel_tables(15), strict=True))

@@ -35,6 +35,7 @@ import triton.language as tl
 
 from .autograd_ops import Kernel, differentiable
 from .dtypes import compute_dtype
+from .tuned import TunedKernel
 
 INTERPRET = os.environ.get("TRITON_INTERPRET", "0") == "1"
 INPUT_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
@@ -261,14 +262,14 @@ _KERNELS = {"forward": _fwd_kernel, "backward": _bwd_kernel}
 
 
 @functools.cache
-def _autotuned(kernel_name: str) -> triton.runtime.KernelInterface:
+def _autotuned(kernel_name: str) -> TunedKernel:
     """A kernel autotuned on CUDA: the forward over (row tile, warps), the backward over warps (its tiles set by
     `backward_tiles`)."""
     if kernel_name == "forward":
         configs = [triton.Config({"BT": bt}, num_warps=w) for bt in (16, 32, 64) for w in (2, 4)]
     else:
         configs = [triton.Config({}, num_warps=w) for w in (1, 2, 4, 8)]
-    return triton.autotune(configs=configs, key=_KEY)(_KERNELS[kernel_name])
+    return TunedKernel(triton.autotune(configs=configs, key=_KEY)(_KERNELS[kernel_name]))
 
 
 def _launch(kernel_name: str, blocks, B: int, H: int, *args, **meta) -> None:

@@ -47,6 +47,7 @@ import triton
 import triton.language as tl
 
 from .autograd_ops import Kernel, differentiable
+from .tuned import TunedKernel
 
 INTERPRET = os.environ.get("TRITON_INTERPRET", "0") == "1"
 CHUNK: tl.constexpr = tl.constexpr(16)
@@ -299,7 +300,7 @@ _KERNELS = {"fwd_intra": _gla_short_fwd_intra_kernel, "fwd": _gla_short_fwd_kern
 
 
 @functools.cache
-def _autotuned(kernel: str, V: int) -> triton.runtime.KernelInterface:
+def _autotuned(kernel: str, V: int) -> TunedKernel:
     """The CUDA kernel `kernel` ("fwd_intra", "fwd" or "bwd") autotuned over its configurations. The walks are keyed
     on K, V, the operand dtypes and `programs` (_programs): how many programs share the SMs decides which register
     budget wins. The forward walk reads oa, which is o itself for fp32 outputs, so tuning restores it."""
@@ -309,10 +310,10 @@ def _autotuned(kernel: str, V: int) -> triton.runtime.KernelInterface:
         tune = triton.autotune(configs=_forward_configs(V), key=["K", "V", "programs"], restore_value=["oa_ptr"])
     else:
         tune = triton.autotune(configs=_backward_configs(V), key=["K", "V", "programs"])
-    return tune(_KERNELS[kernel])
+    return TunedKernel(tune(_KERNELS[kernel]))
 
 
-def _kernel(kernel: str, V: int) -> triton.runtime.KernelInterface:
+def _kernel(kernel: str, V: int) -> triton.runtime.KernelInterface | TunedKernel:
     """The kernel to launch: as written under the interpreter (a fixed configuration), else autotuned."""
     return _KERNELS[kernel] if INTERPRET else _autotuned(kernel, V)
 

@@ -28,7 +28,8 @@ import triton
 import triton.language as tl
 
 from .rbf import check_grid
-from .rbf_triton import INTERPRET
+from .rbf_triton import INTERPRET, num_sms
+from .tuned import TunedKernel
 
 _SPAN: tl.constexpr = tl.constexpr(4)
 # v is clamped to [-10, 13]: there every phi of the span is below e^-100 and exp(2v) stays finite.
@@ -318,12 +319,13 @@ _KERNELS = {
 
 
 @functools.cache
-def _kernel(name: str) -> triton.runtime.KernelInterface:
+def _kernel(name: str) -> triton.runtime.KernelInterface | TunedKernel:
     """The kernel as launched: fixed tiles under the interpreter, autotuned on CUDA (keyed on N, K, G)."""
     if INTERPRET:
         return _KERNELS[name]
     reset = ["part_ptr"] if name == "kan_dx" else None  # row blocks a discarded config wrote must read 0
-    return triton.autotune(configs=_configs(_TILES[name]), key=["N", "K", "G"], reset_to_zero=reset)(_KERNELS[name])
+    tune = triton.autotune(configs=_configs(_TILES[name]), key=["N", "K", "G"], reset_to_zero=reset)
+    return TunedKernel(tune(_KERNELS[name]))
 
 
 def _launch(name: str, tiles: tuple[int, int], blocks: str, *args, spans: int = 1, **kwargs) -> None:
@@ -436,7 +438,7 @@ def _row_splits(device: torch.device, M: int, N: int, K: int) -> int:
     if INTERPRET:
         return max(1, min(4, M // _INTERP_META["BLOCK_M"]))
     tiles = triton.cdiv(N, 64) * triton.cdiv(K, 64)
-    waves = 2 * torch.cuda.get_device_properties(device).multi_processor_count
+    waves = 2 * num_sms(device)
     return max(1, min(waves // tiles, M // _MIN_SPLIT_ROWS))
 
 

@@ -23,6 +23,8 @@ import torch
 import triton
 import triton.language as tl
 
+from .tuned import TunedKernel
+
 # Centers per pair of exponentials. exp(-v^2) at a span's first center is a normal fp32 number for
 # |v| < 9.3, so inside a span of four nothing larger than exp(-(9.3 - 3)^2) ~ e^-40 underflows.
 _SPAN: tl.constexpr = tl.constexpr(4)
@@ -133,14 +135,14 @@ def _backward_configs(channel: bool) -> list[triton.Config]:
 
 
 @functools.cache
-def _autotuned(backward: bool, channel: bool) -> triton.runtime.KernelInterface:
+def _autotuned(backward: bool, channel: bool) -> TunedKernel:
     """The CUDA kernel autotuned over its configurations, keyed on D and G."""
     configs = _backward_configs(channel) if backward else _forward_configs(channel)
-    return triton.autotune(configs=configs, key=["D", "G"])(_rbf_grid_linear_kernel)
+    return TunedKernel(triton.autotune(configs=configs, key=["D", "G"])(_rbf_grid_linear_kernel))
 
 
 @functools.cache
-def _num_sms(device: torch.device) -> int:
+def num_sms(device: torch.device) -> int:
     """Streaming multiprocessors of a CUDA device."""
     return torch.cuda.get_device_properties(device).multi_processor_count
 
@@ -179,7 +181,7 @@ def rbf_grid_linear_fwd(
         launch = (min(triton.cdiv(n_rows, block_n), _INTERP_ROW_PROGRAMS), triton.cdiv(D, block_d))
         _rbf_grid_linear_kernel[launch](*args, G=G, BACKWARD=False, BLOCK_N=block_n, BLOCK_D=block_d)
         return y
-    cap = _PROGRAMS_PER_SM * _num_sms(x2d.device)
+    cap = _PROGRAMS_PER_SM * num_sms(x2d.device)
 
     def grid(m: dict) -> tuple[int, int]:
         d_tiles = triton.cdiv(D, m["BLOCK_D"])
@@ -206,7 +208,7 @@ def rbf_grid_linear_bwd(
     else:
         block_n, block_d = None, (1 if D == 1 else _BWD_BLOCK_D)
         min_block_n = min(c.kwargs["BLOCK_N"] for c in _backward_configs(D > 1))
-        cap = _PROGRAMS_PER_SM * _num_sms(x2d.device) // triton.cdiv(D, block_d)
+        cap = _PROGRAMS_PER_SM * num_sms(x2d.device) // triton.cdiv(D, block_d)
         programs = max(1, min(triton.cdiv(n_rows, min_block_n), cap))
     part = torch.empty((programs, D, G), device=x2d.device, dtype=torch.float32)
     args = (x2d, w32, dy2d, dx, part, n_rows, D, scale, shift, dx_scale)

@@ -60,8 +60,13 @@ class Rope2D(nn.Module):
 
     def channel_tables(self, length: int) -> tuple[torch.Tensor, torch.Tensor]:
         """This rotation as x * cos + turn(x) * sin (see `channel_tables`): each pair's angle on both its channels."""
-        return channel_tables(
-            self.cos[0, :, 0].repeat_interleave(2, -1), self.sin[0, :, 0].repeat_interleave(2, -1), length
+        return _reused_tables(
+            self,
+            (self.cos, self.sin),
+            length,
+            lambda: channel_tables(
+                self.cos[0, :, 0].repeat_interleave(2, -1), self.sin[0, :, 0].repeat_interleave(2, -1), length
+            ),
         )
 
 
@@ -86,7 +91,8 @@ class Rope2DV0(nn.Module):
 
     def channel_tables(self, length: int) -> tuple[torch.Tensor, torch.Tensor]:
         """This rotation as x * cos + turn(x) * sin (see `channel_tables`): the stored tables."""
-        return channel_tables(self.freqs_cos, self.freqs_sin, length)
+        tables = (self.freqs_cos, self.freqs_sin)
+        return _reused_tables(self, tables, length, lambda: channel_tables(*tables, length))
 
 
 def channel_tables(cos: torch.Tensor, sin: torch.Tensor, length: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -97,6 +103,23 @@ def channel_tables(cos: torch.Tensor, sin: torch.Tensor, length: int) -> tuple[t
     dtype = torch.promote_types(cos.dtype, torch.float32)
     rest = cos.new_zeros(length - n, cos.shape[1], dtype=dtype)
     return torch.cat([cos.to(dtype), rest + 1.0]), torch.cat([sin.to(dtype), rest])
+
+
+def _reused_tables(
+    module: nn.Module, buffers: tuple[torch.Tensor, ...], length: int, build
+) -> tuple[torch.Tensor, ...]:
+    """The channel tables build() makes, kept on the module and returned again while `length` and its buffers are
+    unchanged (the same storage, no in-place write since: a loaded state_dict or .to() rebuilds them). Every LKAT block
+    asks for them on every forward; building them is eight small torch ops of eager host time per block. While
+    torch.compile traces they are built, as graph nodes."""
+    if torch.compiler.is_compiling():
+        return build()
+    key = (length, *((t.data_ptr(), t._version) for t in buffers))
+    kept = getattr(module, "_kept_tables", None)
+    if kept is None or kept[0] != key:
+        kept = (key, build())
+        module._kept_tables = kept
+    return kept[1]
 
 
 def make_rope(mode: str, grid: tuple[int, int], head_dim: int, theta: float = 10000.0) -> nn.Module:
