@@ -14,6 +14,8 @@ from timm.layers import RmsNorm
 from torch import nn
 
 from lkat_lens.kernels.dtypes import autocast_dtype, compute_dtype
+from lkat_lens.kernels.gated_norm import gated_norm
+from lkat_lens.kernels.gated_norm import supports as fused_output_supports
 from lkat_lens.kernels.gla import gated_linear_attention, implicit_attention
 from lkat_lens.kernels.gla_input import gla_input
 from lkat_lens.kernels.gla_input import supports as fused_input_supports
@@ -24,10 +26,12 @@ from .rope import make_rope
 INPUT_MODES = ("auto", "fused", "torch")
 
 
-def check_input_mode(mode: str) -> None:
-    """Raise unless `mode` is one of INPUT_MODES."""
+def check_input_mode(mode: str, name: str = "gla_input") -> None:
+    """Raise unless `mode` is one of INPUT_MODES (the modes of GLA's input path, gla_input, and of its output path,
+    gla_output)."""
     if mode not in INPUT_MODES:
-        raise ValueError(f"gla_input must be one of {INPUT_MODES} (VisionGLA.input_mode), got {mode!r}")
+        attribute = "input_mode" if name == "gla_input" else "output_mode"
+        raise ValueError(f"{name} must be one of {INPUT_MODES} (VisionGLA.{attribute}), got {mode!r}")
 
 
 class ShortConvolution(nn.Conv1d):
@@ -80,6 +84,9 @@ class VisionGLA(nn.Module):
     (q_conv1d, q_norm, rotary, ...); "fused" runs each of q, k, v through one kernel (`kernels.gla_input`: the
     same computation in fp32, stored once); "auto" is "fused" on CUDA and "torch" elsewhere. While a forward
     (pre-)hook sits on one of those modules, the modules run, whatever the mode, so that the hook fires.
+    `output_mode` (the same modes) is how the output path g_norm(o) * SiLU(g) runs in eager mode: "fused" is one
+    kernel each way (`kernels.gated_norm`); while torch.compile traces, or a hook sits on g_norm, it is the modules'
+    form (inductor fuses that itself).
     """
 
     def __init__(
@@ -107,7 +114,8 @@ class VisionGLA(nn.Module):
                 f"{expand_v}) must be divisible by num_heads {num_heads}"
             )
         self.num_heads, self.head_dim, self.head_v_dim = num_heads, key_dim // num_heads, value_dim // num_heads
-        self.gate_logit_normalizer, self.mode, self.input_mode = gate_logit_normalizer, mode, "auto"
+        self.gate_logit_normalizer, self.mode = gate_logit_normalizer, mode
+        self.input_mode, self.output_mode = "auto", "auto"
         self.q_proj = nn.Linear(dim, key_dim, bias=False)
         self.k_proj = nn.Linear(dim, key_dim, bias=False)
         self.v_proj = nn.Linear(dim, value_dim, bias=False)
@@ -196,9 +204,24 @@ class VisionGLA(nn.Module):
         o = self.hook_z(self.gated_norm(o, g.unflatten(-1, v_heads)))
         return self.hook_out(self.o_proj(o.flatten(-2)))
 
+    def fuses_output(self, o: torch.Tensor, g: torch.Tensor) -> bool:
+        """Whether g_norm(o) * SiLU(g) takes the fused kernel (see output_mode): not while torch.compile traces, nor
+        with a hook on g_norm or a g_norm without weight and bias."""
+        check_input_mode(self.output_mode, "gla_output")
+        if self.output_mode == "torch" or (self.output_mode == "auto" and not o.is_cuda):
+            return False
+        norm = self.g_norm
+        if torch.compiler.is_compiling() or norm._forward_hooks or norm._forward_pre_hooks or norm.bias is None:
+            return False
+        return norm.weight is not None and fused_output_supports(o, g)
+
     def gated_norm(self, o: torch.Tensor, g: torch.Tensor) -> torch.Tensor:
-        """g_norm(o) * SiLU(g) per head [B,T,H,V]. Under autocast with o in the autocast dtype, the norm runs in that
-        dtype (layer_norm keeps its statistics in fp32) instead of casting o to fp32 and the product back."""
+        """g_norm(o) * SiLU(g) per head [B,T,H,V]: the fused kernel (see fuses_output), else the modules. Under
+        autocast with o in the autocast dtype, the modules' norm runs in that dtype (layer_norm keeps its statistics in
+        fp32) instead of casting o to fp32 and the product back."""
+        if self.fuses_output(o, g):
+            norm = self.g_norm
+            return gated_norm(o, g, norm.weight, norm.bias, norm.eps)
         device = o.device.type
         if torch.is_autocast_enabled(device) and o.dtype == torch.get_autocast_dtype(device):
             norm = self.g_norm

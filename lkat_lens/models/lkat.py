@@ -168,18 +168,27 @@ class LKAT(FlatViT):
             layout["cls"] = slice(n + r, n + r + 1)
         return layout
 
-    def set_backends(self, attn: str | None = None, kan: str | None = None, gla_input: str | None = None) -> LKAT:
+    def set_backends(
+        self,
+        attn: str | None = None,
+        kan: str | None = None,
+        gla_input: str | None = None,
+        gla_output: str | None = None,
+    ) -> LKAT:
         """Choose the GLA mode (kernels.gla.MODES: auto/chunk/fused_recurrent/short/torch), the KAN layers'
-        kernel backend (kernels.kan_linear.BACKENDS: auto/torch/triton/fused) and GLA's input path
-        (models.attention.INPUT_MODES: auto/fused/torch)."""
-        if gla_input is not None:
-            check_input_mode(gla_input)
+        kernel backend (kernels.kan_linear.BACKENDS: auto/torch/triton/fused), GLA's input path and its eager output
+        path (models.attention.INPUT_MODES: auto/fused/torch)."""
+        for name, mode in (("gla_input", gla_input), ("gla_output", gla_output)):
+            if mode is not None:
+                check_input_mode(mode, name)
         for module in self.modules():
             if isinstance(module, VisionGLA):
                 if attn is not None:
                     module.mode = attn
                 if gla_input is not None:
                     module.input_mode = gla_input
+                if gla_output is not None:
+                    module.output_mode = gla_output
             if kan is not None and isinstance(module, KANLayer):
                 module.kernel_backend = kan
         return self
