@@ -400,18 +400,19 @@ def compare_ratios(rows: list[dict]) -> None:
 
 def compared_variants(size: str, args: argparse.Namespace) -> list[tuple[str, str, dict, dict, float]]:
     """(label, registry name, create kwargs, backends, activation memory budget): the ViT (inductor's default
-    budget), then LKAT with every combination of --attn, --kan, --gla-input and --memory-budgets."""
+    budget), then LKAT with every combination of --attn, --kan, --gla-input, --gla-output and --memory-budgets."""
     rows = []
     for label, name, kwargs in compared_models(size, args.tiny):
         if not name.startswith("lkat"):
             rows.append((label, name, kwargs, {}, 1.0))
             continue
-        for attn, kan, gla_input in itertools.product(args.attn, args.kan, args.gla_input):
+        for attn, kan, gla_input, gla_output in itertools.product(args.attn, args.kan, args.gla_input, args.gla_output):
             for budget in args.memory_budgets:
                 suffix = ("" if budget == 1.0 else f" budget {budget:g}") + (
                     "" if gla_input == "auto" else f" {gla_input} inputs"
                 )
-                backends = {"attn": attn, "kan": kan, "gla_input": gla_input}
+                suffix += "" if gla_output == "torch" else f" {gla_output} output"
+                backends = {"attn": attn, "kan": kan, "gla_input": gla_input, "gla_output": gla_output}
                 rows.append((f"{label} {attn}/{kan}{suffix}", name, kwargs, backends, budget))
     return rows
 
@@ -423,7 +424,8 @@ def compare(args: argparse.Namespace, out: Path) -> list[dict]:
         for mode in args.compile_modes:  # modes outside: a run cut short keeps both models of the first modes
             for label, name, kwargs, backends, budget in compared_variants(size, args):
                 row = {"label": label, "model": name, "pair": size, "compile": mode}
-                row |= {k: backends.get(k) for k in ("attn", "kan", "gla_input")} | {"activation_memory_budget": budget}
+                row |= {k: backends.get(k) for k in ("attn", "kan", "gla_input", "gla_output")}
+                row |= {"activation_memory_budget": budget}
                 row |= {"batch": args.batch, "img_size": args.img_size, "device": args.device, **settings()}
                 start = time.perf_counter()
                 try:
@@ -499,6 +501,14 @@ def main() -> None:
         default=["auto"],
         choices=["auto", "fused", "torch"],
         help="--compare: LKAT's GLA input paths (models.attention.INPUT_MODES; auto: the fused kernel on CUDA)",
+    )
+    parser.add_argument(
+        "--gla-output",
+        nargs="+",
+        default=["torch"],
+        choices=["auto", "fused", "torch"],
+        help="--compare: LKAT's eager GLA output paths (VisionGLA.output_mode, default torch; auto: the fused kernel "
+        "on CUDA in eager mode)",
     )
     parser.add_argument("--compile-modes", nargs="+", default=["eager", "default"], choices=COMPILE_MODES)
     parser.add_argument("--tiny", action="store_true", help="--compare lkat_micro with a ViT of its size")

@@ -29,8 +29,10 @@ INTERPRET = os.environ.get("TRITON_INTERPRET", "0") == "1"
 DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 MAX_WIDTH = 256
 _INTERP_ROWS = 16
-# Row tiles per backward program: its weight and bias partials are summed over these before one store.
-_BWD_TILES = 8
+# Rows per backward program, whatever its row tile: its weight and bias partials are summed over them before one store,
+# and every configuration the autotuner tries launches the same programs, so each writes every partial (a wider tile
+# with fewer programs would leave partials of a narrower one's benchmark runs in the buffer).
+_BWD_ROWS = 128
 
 
 def gated_norm_reference(
@@ -77,16 +79,16 @@ def _fwd_kernel(o_ptr, g_ptr, w_ptr, b_ptr, out_ptr, so, sg, rows, H, eps, V: tl
 
 @triton.jit
 def _bwd_kernel(o_ptr, g_ptr, w_ptr, b_ptr, dout_ptr, do_ptr, dg_ptr, part_ptr, so, sg, sd, rows, H, eps,
-                V: tl.constexpr, BV: tl.constexpr, BR: tl.constexpr, TILES: tl.constexpr):  # fmt: skip
-    """do and dg (contiguous [N, H, V]) of TILES tiles of BR rows, and this program's partial sums of the weight and
+                V: tl.constexpr, BV: tl.constexpr, BR: tl.constexpr, ROWS: tl.constexpr):  # fmt: skip
+    """do and dg (contiguous [N, H, V]) of ROWS rows in tiles of BR, and this program's partial sums of the weight and
     bias gradients at part_ptr [programs, 2, V]."""
     c = tl.arange(0, BV)
     w = tl.load(w_ptr + c, mask=c < V, other=0.0).to(tl.float32)
     b = tl.load(b_ptr + c, mask=c < V, other=0.0).to(tl.float32)
     dw = tl.zeros((BR, BV), dtype=tl.float32)
     db = tl.zeros((BR, BV), dtype=tl.float32)
-    for i in range(TILES):
-        r = (tl.program_id(0) * TILES + i) * BR + tl.arange(0, BR)
+    for i in range(ROWS // BR):
+        r = tl.program_id(0) * ROWS + i * BR + tl.arange(0, BR)
         x, mask = _rows(o_ptr, so, r, c, H, rows, V)
         gate = _rows(g_ptr, sg, r, c, H, rows, V)[0]
         dout = _rows(dout_ptr, sd, r, c, H, rows, V)[0]
@@ -147,11 +149,11 @@ def gated_norm_bwd(o, g, weight, bias, dout, eps: float) -> tuple[torch.Tensor, 
     dg = torch.empty(N, H, V, dtype=g.dtype, device=o.device)
     if not rows:
         return do, dg, torch.zeros_like(weight), torch.zeros_like(bias)
-    smallest_tile = _INTERP_ROWS if INTERPRET else 16
-    part = torch.zeros(triton.cdiv(rows, smallest_tile * _BWD_TILES), 2, V, dtype=torch.float32, device=o.device)
-    meta = dict(V=V, BV=triton.next_power_of_2(V), TILES=_BWD_TILES)
+    programs = triton.cdiv(rows, _BWD_ROWS)
+    part = torch.empty(programs, 2, V, dtype=torch.float32, device=o.device)
+    meta = dict(V=V, BV=triton.next_power_of_2(V), ROWS=_BWD_ROWS)
     args = (o, g, weight, bias, dout, do, dg, part, o.stride(), g.stride(), dout.stride(), rows, H, eps)
-    _launch("backward", lambda br: triton.cdiv(rows, br * _BWD_TILES), *args, **meta)
+    _launch("backward", lambda br: programs, *args, **meta)
     dweight, dbias = part.sum(0)
     return do, dg, dweight.to(weight.dtype), dbias.to(bias.dtype)
 
