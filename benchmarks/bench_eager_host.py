@@ -1,14 +1,17 @@
-"""Host time of eager training on a GPU, two comparisons each alternated --rounds times in one process.
+"""Host time of eager training on a GPU: comparisons alternated --rounds times in one process, or the steps alone.
 
     python benchmarks/bench_eager_host.py --sizes tiny small --compare callers threads
 
-"callers": kernels.autograd_ops gives every custom op an eager caller (a plain torch.autograd.Function); the ops
-themselves carry torch.library's autograd wrapper. The model's callers are swapped for the ops ("library") and back
-("eager"): the host time of one forward + backward of each op at a tiny shape (the GPU's time negligible), and the
-time of an eager training step of LKAT at each size.
+"callers": kernels.autograd_ops gives every custom op an eager caller (a plain torch.autograd.Function around the
+functions the ops run, called directly); the ops themselves carry torch.library's dispatch and autograd wrapper. The
+model's callers are swapped for the ops ("library") and back ("eager"): the host time of one forward + backward of
+each op at a tiny shape (the GPU's time negligible), and the time of an eager training step of LKAT at each size.
 "threads": an eager training step of ViT and of LKAT at each size with the backward on the autograd engine's device
 thread ("device", torch's default) and on the calling thread ("caller", torch.autograd.set_multithreading_enabled
 (False), as the trainer runs it).
+"steps": ViT's and LKAT's eager steps as they are, for comparing two trees of lkat_lens run as alternating processes
+(put the other tree's export first on PYTHONPATH: `git archive REV lkat_lens | tar -x -C DIR`; each row names the
+lkat_lens it imported).
 A training step: bf16 autocast, fused AdamW, batch --batch at 224², synchronised after --iters steps. Writes JSON and
 prints markdown.
 """
@@ -27,6 +30,7 @@ import torch.nn.functional as F
 from bench_model import Config, build, lkat, vit  # benchmarks/ is the script folder
 from common import dated_result_path, environment, write_result
 
+import lkat_lens
 from lkat_lens.kernels import gla_fla, gla_input, gla_short, kan_linear, rbf
 
 # (module, the eager caller's name, the op's name): the callers the model's code looks up at call time
@@ -164,6 +168,17 @@ def compare_threads(args: argparse.Namespace) -> list[dict]:
     return rows
 
 
+def compare_steps(args: argparse.Namespace) -> list[dict]:
+    """Rows of the "steps" timing: ViT's and LKAT's eager steps at each size, as they are."""
+    rows = []
+    for size in args.sizes:
+        for config in (vit(size), lkat(size, "auto")):
+            times = alternate(training_step(config, args.batch), {"as is": lambda: None}, args.warmup, args.iters,
+                              args.rounds)  # fmt: skip
+            rows.append(row(f"{config.label} eager training step, ms", times) | {"lkat_lens": lkat_lens.__file__})
+    return rows
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--sizes", nargs="+", default=["tiny", "small"], choices=["tiny", "small", "base"])
@@ -172,13 +187,17 @@ def main() -> None:
     parser.add_argument("--iters", type=int, default=10)
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--calls", type=int, default=300, help="timed calls per op and round")
-    parser.add_argument("--compare", nargs="+", default=["callers", "threads"], choices=["callers", "threads"])
+    parser.add_argument("--compare", nargs="+", default=["callers", "threads"], choices=["callers", "threads", "steps"])
     parser.add_argument("--out", type=Path, default=None)
     args = parser.parse_args()
     torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = True  # as the trainer under autocast
     torch.autograd.set_multithreading_enabled(False)  # as the trainer ("threads" compares both)
     env = environment()
-    comparisons = {"callers": (compare_callers, PATHS), "threads": (compare_threads, THREADS)}
+    comparisons = {
+        "callers": (compare_callers, PATHS),
+        "threads": (compare_threads, THREADS),
+        "steps": (compare_steps, ("as is",)),
+    }
     rows = []
     for name in args.compare:
         run, variants = comparisons[name]
