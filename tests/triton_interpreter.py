@@ -7,11 +7,15 @@ process with the variable set; the script prints its measurements as one `RESULT
 
 from __future__ import annotations
 
+import copy
 import json
 import os
 import subprocess
 import sys
 from collections.abc import Callable
+
+import torch
+from tolerance import rel_max
 
 PREFIX = "RESULTS "
 
@@ -30,3 +34,23 @@ def measurements(test_file: str, interpreting: bool, measure: Callable[[], dict]
 def report(measure: Callable[[], dict]) -> None:
     """The child's side: print measure()'s dict as the RESULTS line."""
     print(PREFIX + json.dumps(measure()))
+
+
+def _logits_and_grads(model: torch.nn.Module, images: torch.Tensor, **backends: str) -> list[torch.Tensor]:
+    """Logits and every parameter gradient of one backward of the logits' squares, with set_backends(**backends)."""
+    model.set_backends(**backends)
+    model.zero_grad()
+    logits = model(images)
+    logits.square().sum().backward()
+    return [logits.detach()] + [p.grad.clone() for p in model.parameters() if p.grad is not None]
+
+
+def path_errors(model: torch.nn.Module, images: torch.Tensor, backend: str) -> tuple[dict[str, float], int]:
+    """({mode: largest relative error of the logits and parameter gradients}, gradients compared) of `model` with its
+    `backend` path (a set_backends keyword) in modes "torch" and "fused", each against a float64 copy in "torch"."""
+    exact = _logits_and_grads(copy.deepcopy(model).double(), images.double(), **{backend: "torch"})
+    errors = {}
+    for mode in ("torch", "fused"):
+        results = _logits_and_grads(model, images, **{backend: mode})
+        errors[mode] = max(rel_max(a, b) for a, b in zip(results, exact, strict=True))
+    return errors, len(exact) - 1
