@@ -32,7 +32,7 @@ from triton.compiler import ASTSource, make_backend
 from triton.runtime.autotuner import Autotuner
 from triton.runtime.jit import JITFunction, create_function_from_signature
 
-from lkat_lens.kernels import gla_input, gla_short
+from lkat_lens.kernels import gated_norm, gla_input, gla_short
 
 PTXAS = Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "ptxas"
 USAGE = {
@@ -116,7 +116,7 @@ def measure(name: str, launcher: Callable[[], object], arch: int) -> list[dict]:
 def lkat_layer(T: int = 201, heads: int = 6, head_dim: int = 64) -> dict[str, Callable[[], object]]:
     """The launchers of an LKAT layer's kernels on CPU tensors of its shapes (batch 2: sizes that decide nothing
     of the compiled code but 32- or 64-bit offsets): GLA input path forward and backward (q/k: RMSNorm and RoPE;
-    v: neither), short GLA forward and backward."""
+    v: neither), short GLA forward and backward, the eager output path (g_norm * SiLU(g)) forward and backward."""
     B, D = 2, heads * head_dim
     x, do = (torch.randn(B, T, D, dtype=torch.bfloat16) for _ in range(2))
     conv, norm = torch.randn(D, 1, 4), torch.ones(head_dim)
@@ -124,6 +124,8 @@ def lkat_layer(T: int = 201, heads: int = 6, head_dim: int = 64) -> dict[str, Ca
     q, k, v, do_heads = (torch.randn(B, T, heads, head_dim, dtype=torch.bfloat16) for _ in range(4))
     gk = F.logsigmoid(torch.randn(B, T, heads, head_dim)) / 16
     scale = head_dim**-0.5
+    o, g = (t.flatten(0, 1) for t in (q, v))
+    bias = torch.zeros(head_dim)
     return {
         "gla_input q/k forward": lambda: gla_input.gla_input_fwd(x, conv, norm, cos, sin, heads, 1e-6),
         "gla_input q/k backward": lambda: gla_input.gla_input_bwd(x, conv, norm, cos, sin, do, heads, 1e-6),
@@ -131,6 +133,8 @@ def lkat_layer(T: int = 201, heads: int = 6, head_dim: int = 64) -> dict[str, Ca
         "gla_input v backward": lambda: gla_input.gla_input_bwd(x, conv, None, None, None, do, heads, 1e-6),
         "gla_short forward": lambda: gla_short.gla_short_fwd(q, k, v, gk, scale),
         "gla_short backward": lambda: gla_short.gla_short_bwd(q, k, v, gk, do_heads, scale),
+        "gated_norm forward": lambda: gated_norm.gated_norm_fwd(o, g, norm, bias, 1e-5),
+        "gated_norm backward": lambda: gated_norm.gated_norm_bwd(o, g, norm, bias, o, 1e-5),
     }
 
 

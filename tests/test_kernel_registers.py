@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from lkat_lens.kernels import gla_short
+from lkat_lens.kernels import gated_norm, gla_short
 
 BENCHMARKS = Path(__file__).resolve().parents[1] / "benchmarks"
 
@@ -45,3 +45,13 @@ def test_reports_registers_and_spills_for_sm90(tool) -> None:
         assert (row["spill_store_bytes"] > 0) == (row["spill_load_bytes"] > 0), row
         assert row["stack_bytes"] >= 0 and (row["spill_store_bytes"] == 0 or row["stack_bytes"] > 0), row
     assert any(row["maxnreg"] for row in rows)
+
+
+def test_output_path_kernels_fit_their_registers(tool) -> None:
+    """Every configuration the eager output path's autotuner tries compiles for sm_90 without spilling, at LKAT-B's
+    head count."""
+    layer = tool.lkat_layer(T=33, heads=12)
+    for case in ("gated_norm forward", "gated_norm backward"):
+        rows = tool.measure(case, layer[case], arch=90)
+        assert len(rows) == len(gated_norm._CONFIGS), rows
+        assert all(row["spill_store_bytes"] == 0 and row["regs"] <= 255 for row in rows), rows
