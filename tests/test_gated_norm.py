@@ -34,8 +34,10 @@ def make_case(N: int, H: int, V: int, dtype: torch.dtype, sliced: bool) -> tuple
     """(o, g, weight, bias, output gradient) with o [N, H, V], g the same shape (a strided slice when `sliced`)."""
     gen = torch.Generator().manual_seed(0)
     o = torch.randn(N, H, V, generator=gen) * 2 + 0.5
-    g = torch.randn(N, 3 * H * V, generator=gen)[:, H * V : 2 * H * V].unflatten(-1, (H, V)) if sliced else None
-    g = torch.randn(N, H, V, generator=gen) if g is None else g
+    if sliced:
+        g = torch.randn(N, 3 * H * V, generator=gen)[:, H * V : 2 * H * V].unflatten(-1, (H, V))
+    else:
+        g = torch.randn(N, H, V, generator=gen)
     weight, bias = torch.randn(V, generator=gen) + 1.0, torch.randn(V, generator=gen) * 0.1
     return o.to(dtype), g.to(dtype), weight, bias, torch.randn(N, H, V, generator=gen)
 
@@ -92,12 +94,14 @@ def _check_model() -> dict:
 def _every_row_tile() -> dict:
     """The largest error of any output of one case at each row tile the CUDA autotuner tries: every tile launches
     the same backward programs, so each writes every weight/bias partial the host sums."""
-    errors = {}
-    for rows in (16, 32, 64):
-        gated_norm._INTERP_ROWS = rows
-        measured = _measure_case((300, 2, 16, "float32", True))
-        errors[rows] = max(measured[name] for name in OUTPUTS)
-    gated_norm._INTERP_ROWS = 16
+    errors, interp_rows = {}, gated_norm._INTERP_ROWS
+    try:
+        for rows in (16, 32, 64):
+            gated_norm._INTERP_ROWS = rows
+            measured = _measure_case((300, 2, 16, "float32", True))
+            errors[rows] = max(measured[name] for name in OUTPUTS)
+    finally:
+        gated_norm._INTERP_ROWS = interp_rows
     return errors
 
 

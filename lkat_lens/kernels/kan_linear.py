@@ -70,9 +70,9 @@ def _rows(t: torch.Tensor) -> torch.Tensor:
 # their registrations can be checked there (torch.library.opcheck).
 
 
-def _interpreted() -> bool:
-    """Whether the Triton kernels run on CPU tensors here (the interpreter)."""
-    return kan_triton is not None and kan_triton.INTERPRET
+def _kernels_run_on(t: torch.Tensor) -> bool:
+    """Whether the Triton kernels run on t's device: CUDA, or the CPU under the interpreter (triton present)."""
+    return kan_triton is not None and (t.is_cuda or kan_triton.INTERPRET)
 
 
 def _fp32_or_more(t: torch.Tensor) -> torch.Tensor:
@@ -88,7 +88,7 @@ def _empty(t: torch.Tensor) -> torch.Tensor:
 def _kan_fused_forward(x, grid_weight, weight, grid_min, grid_max):
     """y = psi(x) W^T [..., out] in W's dtype: psi evaluated inside the matmul kernel (CUDA, or the interpreter),
     else the exact reference."""
-    if not (x.is_cuda or _interpreted()):
+    if not _kernels_run_on(x):
         return kan_linear_reference(x, grid_weight, weight, grid_min, grid_max).contiguous()
     y = kan_triton.kan_fwd(_rows(x), grid_weight, weight, grid_min, grid_max)
     return y.view(*x.shape[:-1], weight.shape[0])
@@ -125,7 +125,7 @@ def _kan_fused_backward_op(
 def _kan_fused_backward(x, grid_weight, weight, dy, grid_min, grid_max, need_dx, need_dw):
     """(dx, d grid_weight, dW) in the dtypes of x, grid_weight, W (empty where not needed; dx and d grid_weight come
     together): the fused kernels (CUDA, or the interpreter), else explicit formulas in fp32 (fp64 for fp64)."""
-    if not (x.is_cuda or _interpreted()):
+    if not _kernels_run_on(x):
         return _kan_backward_reference(x, grid_weight, weight, dy, grid_min, grid_max, need_dx, need_dw)
     dx, dgw, dw = kan_triton.kan_bwd(
         _rows(x), grid_weight, weight, _rows(dy), grid_min, grid_max, need_dx=need_dx, need_dw=need_dw
@@ -181,7 +181,7 @@ _kan_fused = differentiable(
 def _edge_fused_forward(x, weight, grid_min, grid_max, num_grids):
     """y = Phi(x) W^T [..., out] in W's dtype: the basis generated inside the matmul kernel (CUDA, or the
     interpreter), else the exact reference."""
-    if not (x.is_cuda or _interpreted()):
+    if not _kernels_run_on(x):
         return edge_linear_reference(x, weight, grid_min, grid_max, num_grids).contiguous()
     y = kan_triton.edge_fwd(_rows(x), weight, grid_min, grid_max, num_grids)
     return y.view(*x.shape[:-1], weight.shape[0])
@@ -218,7 +218,7 @@ def _edge_fused_backward_op(
 def _edge_fused_backward(x, weight, dy, grid_min, grid_max, num_grids, need_dx, need_dw):
     """(dx, dW) in the dtypes of x and W (empty where not needed): the fused kernels (CUDA, or the interpreter),
     else explicit formulas in fp32 (fp64 for fp64)."""
-    if not (x.is_cuda or _interpreted()):
+    if not _kernels_run_on(x):
         return _edge_backward_reference(x, weight, dy, grid_min, grid_max, num_grids, need_dx, need_dw)
     dx, dw = kan_triton.edge_bwd(
         _rows(x), weight, _rows(dy), grid_min, grid_max, num_grids, need_dx=need_dx, need_dw=need_dw
@@ -341,9 +341,7 @@ def _autocast_weight(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
 
 def _fused_capable(*tensors: torch.Tensor) -> bool:
     """Whether the fused kernels can take these operands (fp32/bf16/fp16 on CUDA, or under the interpreter)."""
-    return kan_triton is not None and all(
-        t.dtype in TRITON_DTYPES and (t.is_cuda or kan_triton.INTERPRET) for t in tensors
-    )
+    return all(t.dtype in TRITON_DTYPES and _kernels_run_on(t) for t in tensors)
 
 
 def _run_kan(

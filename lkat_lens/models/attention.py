@@ -34,6 +34,11 @@ def check_input_mode(mode: str, name: str = "gla_input") -> None:
         raise ValueError(f"{name} must be one of {INPUT_MODES} (VisionGLA.{attribute}), got {mode!r}")
 
 
+def _takes_kernel(mode: str, x: torch.Tensor) -> bool:
+    """Whether a path in `mode` (INPUT_MODES) runs its fused kernel for x: "fused" always, "auto" on CUDA."""
+    return mode == "fused" or (mode == "auto" and x.is_cuda)
+
+
 class ShortConvolution(nn.Conv1d):
     """Depthwise causal Conv1d over tokens followed by SiLU (fla's ShortConvolution parameters). On CUDA VisionGLA
     usually reads only its weight, for the fused input kernel (`VisionGLA.inputs`).
@@ -168,7 +173,7 @@ class VisionGLA(nn.Module):
     def fuses_inputs(self, x: torch.Tensor) -> bool:
         """Whether q, k and v of this input (a projection output [B, T, D]) take the fused kernel (see input_mode)."""
         check_input_mode(self.input_mode)
-        if self.input_mode == "torch" or (self.input_mode == "auto" and not x.is_cuda):
+        if not _takes_kernel(self.input_mode, x):
             return False
         hooked = any(m._forward_hooks or m._forward_pre_hooks for m in self.input_modules())
         convs = (self.q_conv1d, self.k_conv1d, self.v_conv1d)
@@ -209,7 +214,7 @@ class VisionGLA(nn.Module):
         """Whether g_norm(o) * SiLU(g) takes the fused kernel (see output_mode): not while torch.compile traces, nor
         with a hook on g_norm or a g_norm without weight and bias."""
         check_input_mode(self.output_mode, "gla_output")
-        if self.output_mode == "torch" or (self.output_mode == "auto" and not o.is_cuda):
+        if not _takes_kernel(self.output_mode, o):
             return False
         norm = self.g_norm
         if torch.compiler.is_compiling() or norm._forward_hooks or norm._forward_pre_hooks or norm.bias is None:
