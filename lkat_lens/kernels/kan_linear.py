@@ -271,6 +271,9 @@ _edge_fused = differentiable(
 # finite in fp32.
 _SPAN, _SPAN_CLAMP = 4, 10.0
 _SPAN_V = (-_SPAN_CLAMP, _SPAN_CLAMP + _SPAN - 1)
+# The exponentials are taken as exp2 of a scaled argument: inductor emits exp2 as one hardware exp2 and a few
+# instructions less per element than exp's range reduction (the basis kernels are bound by their instructions).
+_LOG2E = math.log2(math.e)
 
 
 def _gaussians(
@@ -286,7 +289,7 @@ def _gaussians(
     terms = []
     for first in range(0, num_grids, _SPAN):
         v = (u - first).clamp(*_SPAN_V)
-        phi, ratio = torch.exp(-v.square()), torch.exp(2.0 * v)
+        phi, ratio = torch.exp2(v.square() * -_LOG2E), torch.exp2(v * (2.0 * _LOG2E))
         for j in range(min(_SPAN, num_grids - first)):
             if j:
                 phi = phi * ratio * math.exp(1 - 2 * j)  # phi_{a+j} / phi_{a+j-1} = exp(2v) e^{-(2j - 1)}
@@ -298,7 +301,9 @@ class _TracedKan(torch.autograd.Function):
     """psi(x) W^T with an explicit backward of plain torch ops, taken one Gaussian at a time (no [..., in, G]
     tensor), saving only x and the weights: the "traced" path, which torch.compile traces forward and backward.
     The matmuls run in `dtype` (the autocast dtype under autocast), the basis and its gradients in fp32 (fp64 for
-    fp64 x); dy @ W and dy^T psi round as F.linear's backward does under autocast."""
+    fp64 x); dy @ W and dy^T psi round as F.linear's backward does under autocast. Shared grid weights take their
+    gradient as sums per row first, then over the rows: inductor fuses those row sums into the kernel that writes dx
+    and psi (a sum over all elements is a reduction kernel of its own, which reads x and dpsi again)."""
 
     @staticmethod
     def forward(x, grid_weight, weight, grid_min, grid_max, dtype):
@@ -318,13 +323,18 @@ class _TracedKan(torch.autograd.Function):
         xc = _fp32_or_more(x)
         dpsi = (dy.to(dtype) @ weight.to(dtype)).to(xc.dtype)
         psi, slope, dgw = 0.0, 0.0, []
+        shared = grid_weight.numel() == grid_weight.shape[-1]
         for w, phi, t in _gaussians(xc, grid_weight, grid_min, grid_max):
             psi, slope = psi + w * phi, slope + w * phi * t
             contribution = dpsi * phi
-            dgw.append(contribution.sum() if w.dim() == 0 else _rows(contribution).sum(0))
+            dgw.append(contribution.sum(-1) if shared else _rows(contribution).sum(0))
         h = (grid_max - grid_min) / (len(dgw) - 1)
         dx = (dpsi * slope * (-2.0 / h)).to(x.dtype) if ctx.needs_input_grad[0] else None
-        dgw = torch.stack(dgw, -1).reshape(grid_weight.shape).to(grid_weight.dtype) if ctx.needs_input_grad[1] else None
+        if ctx.needs_input_grad[1]:
+            dgw = torch.stack(dgw, -1)
+            dgw = (_rows(dgw).sum(0) if shared else dgw).reshape(grid_weight.shape).to(grid_weight.dtype)
+        else:
+            dgw = None
         dw = None
         if ctx.needs_input_grad[2]:
             dw = (_rows(dy.to(dtype)).T @ _rows(psi.to(dtype))).to(weight.dtype)
