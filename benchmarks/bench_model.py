@@ -411,7 +411,7 @@ def compared_variants(size: str, args: argparse.Namespace) -> list[tuple[str, st
                 suffix = ("" if budget == 1.0 else f" budget {budget:g}") + (
                     "" if gla_input == "auto" else f" {gla_input} inputs"
                 )
-                suffix += "" if gla_output == "torch" else f" {gla_output} output"
+                suffix += "" if gla_output == "auto" else f" {gla_output} output"
                 backends = {"attn": attn, "kan": kan, "gla_input": gla_input, "gla_output": gla_output}
                 rows.append((f"{label} {attn}/{kan}{suffix}", name, kwargs, backends, budget))
     return rows
@@ -505,10 +505,10 @@ def main() -> None:
     parser.add_argument(
         "--gla-output",
         nargs="+",
-        default=["torch"],
+        default=["auto"],
         choices=["auto", "fused", "torch"],
-        help="--compare: LKAT's eager GLA output paths (VisionGLA.output_mode, default torch; auto: the fused kernel "
-        "on CUDA in eager mode)",
+        help="--compare: LKAT's eager GLA output paths (VisionGLA.output_mode; auto: the fused kernel on CUDA in eager "
+        "mode; torch: the modules)",
     )
     parser.add_argument("--compile-modes", nargs="+", default=["eager", "default"], choices=COMPILE_MODES)
     parser.add_argument("--tiny", action="store_true", help="--compare lkat_micro with a ViT of its size")

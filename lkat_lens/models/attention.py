@@ -90,9 +90,8 @@ class VisionGLA(nn.Module):
     same computation in fp32, stored once); "auto" is "fused" on CUDA and "torch" elsewhere. While a forward
     (pre-)hook sits on one of those modules, the modules run, whatever the mode, so that the hook fires.
     `output_mode` (the same modes) is how the output path g_norm(o) * SiLU(g) runs in eager mode: "fused" is one
-    kernel each way (`kernels.gated_norm`); while torch.compile traces, or a hook sits on g_norm, it is the modules'
-    form (inductor fuses that itself). It defaults to "torch": the fused path is opted into ("fused", or "auto" for
-    fused on CUDA) until its GPU tests have passed with the backward's fixed program count (docs/architecture.md).
+    kernel each way (`kernels.gated_norm`), "auto" (the default) is "fused" on CUDA and "torch" elsewhere; while
+    torch.compile traces, or a hook sits on g_norm, it is the modules' form (inductor fuses that itself).
     """
 
     def __init__(
@@ -121,7 +120,7 @@ class VisionGLA(nn.Module):
             )
         self.num_heads, self.head_dim, self.head_v_dim = num_heads, key_dim // num_heads, value_dim // num_heads
         self.gate_logit_normalizer, self.mode = gate_logit_normalizer, mode
-        self.input_mode, self.output_mode = "auto", "torch"
+        self.input_mode, self.output_mode = "auto", "auto"
         self.q_proj = nn.Linear(dim, key_dim, bias=False)
         self.k_proj = nn.Linear(dim, key_dim, bias=False)
         self.v_proj = nn.Linear(dim, value_dim, bias=False)
