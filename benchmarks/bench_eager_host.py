@@ -9,6 +9,8 @@ each op at a tiny shape (the GPU's time negligible), and the time of an eager tr
 "threads": an eager training step of ViT and of LKAT at each size with the backward on the autograd engine's device
 thread ("device", torch's default) and on the calling thread ("caller", torch.autograd.set_multithreading_enabled
 (False), as the trainer runs it).
+"launches": LKAT's eager step at each size with our autotuned Triton kernels started directly once compiled
+(kernels.tuned.DIRECT, "direct", the default) and through Triton's JITFunction.run on every call ("jit").
 "steps": ViT's and LKAT's eager steps as they are, for comparing two trees of lkat_lens run as alternating processes
 (put the other tree's export first on PYTHONPATH: `git archive REV lkat_lens | tar -x -C DIR`; each row names the
 lkat_lens it imported).
@@ -31,7 +33,7 @@ from bench_model import Config, build, lkat, vit  # benchmarks/ is the script fo
 from common import dated_result_path, environment, write_result
 
 import lkat_lens
-from lkat_lens.kernels import gla_fla, gla_input, gla_short, kan_linear, rbf
+from lkat_lens.kernels import gla_fla, gla_input, gla_short, kan_linear, rbf, tuned
 
 # (module, the eager caller's name, the op's name): the callers the model's code looks up at call time
 CALLERS = [
@@ -45,6 +47,7 @@ CALLERS = [
 EAGER = {(module, caller): getattr(module, caller) for module, caller, _ in CALLERS}
 PATHS = ("library", "eager")
 THREADS = ("device", "caller")
+LAUNCHES = ("direct", "jit")
 
 
 def use(path: str) -> None:
@@ -168,6 +171,22 @@ def compare_threads(args: argparse.Namespace) -> list[dict]:
     return rows
 
 
+def compare_launches(args: argparse.Namespace) -> list[dict]:
+    """Rows of the "launches" comparison: LKAT's eager steps at each size."""
+
+    def launch(how: str) -> None:
+        tuned.DIRECT = how == "direct"
+
+    launches = {how: functools.partial(launch, how) for how in LAUNCHES}
+    rows = []
+    for size in args.sizes:
+        config = lkat(size, "auto")
+        times = alternate(training_step(config, args.batch), launches, args.warmup, args.iters, args.rounds)
+        rows.append(row(f"{config.label} eager training step, ms", times))
+    tuned.DIRECT = True
+    return rows
+
+
 def compare_steps(args: argparse.Namespace) -> list[dict]:
     """Rows of the "steps" timing: ViT's and LKAT's eager steps at each size, as they are."""
     rows = []
@@ -187,7 +206,9 @@ def main() -> None:
     parser.add_argument("--iters", type=int, default=10)
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--calls", type=int, default=300, help="timed calls per op and round")
-    parser.add_argument("--compare", nargs="+", default=["callers", "threads"], choices=["callers", "threads", "steps"])
+    parser.add_argument(
+        "--compare", nargs="+", default=["callers", "threads"], choices=["callers", "threads", "launches", "steps"]
+    )
     parser.add_argument("--out", type=Path, default=None)
     args = parser.parse_args()
     torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = True  # as the trainer under autocast
@@ -196,6 +217,7 @@ def main() -> None:
     comparisons = {
         "callers": (compare_callers, PATHS),
         "threads": (compare_threads, THREADS),
+        "launches": (compare_launches, LAUNCHES),
         "steps": (compare_steps, ("as is",)),
     }
     rows = []
