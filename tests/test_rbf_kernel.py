@@ -12,11 +12,13 @@ import itertools
 
 import pytest
 import torch
+import torch.nn.functional as F
 import triton_interpreter
-from tolerance import assert_close
+from tolerance import assert_close, rel_max
 
 from lkat_lens.kernels import rbf_triton
-from lkat_lens.kernels.rbf import rbf_basis, rbf_grid_linear, rbf_grid_linear_reference
+from lkat_lens.kernels.kan_linear import kan_linear
+from lkat_lens.kernels.rbf import backward_and_output, rbf_basis, rbf_grid_linear, rbf_grid_linear_reference
 
 GRIDS = [(-2.0, 2.0), (-1.0, 1.0)]
 # x shapes: N*D = 1, 7, 1000 and odd last dims 3, 37, 130 (the channel form's D)
@@ -99,9 +101,49 @@ def _measure_huge(dtype_name: str, G: int) -> dict:
     return errors
 
 
+def _measure_with_output(index: int, case: tuple) -> dict:
+    """The backward that also writes the forward's output (in x's dtype and in bf16): whether its y equals the
+    forward kernel's and its dx, dw the plain backward's, exactly (the same products in the same order)."""
+    form, dtype_name, G, grid, shape = case
+    dtype = getattr(torch, dtype_name)
+    gen = torch.Generator().manual_seed(index)
+    x = (1.5 * torch.randn(shape, generator=gen)).to(dtype)
+    dy = torch.randn(shape, generator=gen).to(dtype)
+    w = _weight(form, shape[-1], G, gen, shared_1d=index % 2 == 1)
+    _, dx, dw = _triton_fwd_bwd(x, w, dy, grid)
+    equal = {}
+    for out_dtype in (dtype, torch.bfloat16):
+        got_dx, got_dw, y = backward_and_output(x, w, dy, *grid, True, out_dtype)
+        forward = rbf_grid_linear(x, w, *grid, backend="triton", out_dtype=out_dtype)
+        equal[str(out_dtype)] = [torch.equal(y, forward), torch.equal(got_dx, dx), torch.equal(got_dw, dw)]
+    return equal
+
+
+def _measure_kan_triton_path() -> dict:
+    """The KAN layer's "triton" path (psi formed again by the backward kernel, not saved) against the form it replaced,
+    F.linear after the Triton RBF op: the largest relative error of y, dx, the grid weights' and W's gradients, for
+    shared and channel grid weights."""
+    gen = torch.Generator().manual_seed(5)
+    x, W, dy = torch.randn(9, 37, generator=gen), torch.randn(11, 37, generator=gen), torch.randn(9, 11, generator=gen)
+    errors = {}
+    for form, gw in (("shared", torch.randn(1, 4, generator=gen)), ("channel", torch.randn(37, 4, generator=gen))):
+        runs = []
+        for fn in (
+            lambda *t: kan_linear(*t, *GRIDS[0], backend="triton"),
+            lambda xx, g, w: F.linear(rbf_grid_linear(xx, g, *GRIDS[0], backend="triton"), w),
+        ):
+            leaves = [t.clone().requires_grad_() for t in (x, gw, W)]
+            y = fn(*leaves)
+            runs.append([y.detach(), *torch.autograd.grad(y, leaves, dy)])
+        errors[form] = max(rel_max(a, b) for a, b in zip(*runs, strict=True))
+    return errors
+
+
 def interpreter_measurements() -> dict:
     """Every interpreter case's measurements (needs TRITON_INTERPRET=1 before triton was imported)."""
     results = {cid: _measure_case(i, case) for i, (cid, case) in enumerate(CASES.items())}
+    results["with_output"] = {cid: _measure_with_output(i, case) for i, (cid, case) in enumerate(CASES.items())}
+    results["kan_triton_path"] = _measure_kan_triton_path()
     for dtype_name, G in itertools.product(["float32", "bfloat16"], [4, 16]):
         results[f"huge-{dtype_name}-G{G}"] = _measure_huge(dtype_name, G)
     return results
@@ -119,6 +161,18 @@ def test_triton_interpreter_matches_fp64(interp: dict, case_id: str) -> None:
     assert measured["layout_ok"]
     for key, tol in TOL[CASES[case_id][1]].items():
         assert measured[key] <= tol, (key, measured)
+
+
+def test_kan_triton_path_equals_the_op_and_linear(interp: dict) -> None:
+    assert max(interp["kan_triton_path"].values()) < 1e-6, interp["kan_triton_path"]
+
+
+def test_backward_writes_the_forwards_output_exactly(interp: dict) -> None:
+    """For every case: y (in x's dtype and in bf16), dx and dw of the backward that also writes y equal the forward
+    kernel's y and the plain backward's gradients bit for bit."""
+    assert interp["with_output"].keys() == CASES.keys()
+    unequal = {cid: flags for cid, flags in interp["with_output"].items() if not all(sum(flags.values(), []))}
+    assert not unequal, unequal
 
 
 @pytest.mark.parametrize("G", [4, 16])

@@ -27,12 +27,14 @@ from .dtypes import autocast_dtype, compute_dtype
 from .kan_dispatch import choose_path
 from .rbf import (
     TRITON_DTYPES,
+    _forward,
     _grid_weight,
     _scaled_offsets,
     _torch_backward,
+    backward_and_output,
     rbf_basis,
-    rbf_grid_linear,
     rbf_grid_linear_reference,
+    uses_triton,
 )
 
 try:
@@ -341,6 +343,30 @@ class _TracedKan(torch.autograd.Function):
         return dx, dgw, dw, None, None, None
 
 
+class _RecomputedKan(torch.autograd.Function):
+    """psi(x) W^T with psi from the RBF op (its Triton kernel or the torch reference; the "triton" and "torch" paths),
+    formed again in the backward instead of saved: F.linear after the op would keep psi, as large as x, for W's
+    gradient. The Triton backward writes psi from the pass that computes dx and the grid weights' gradient, so it
+    costs a store, not a kernel. Saves x, the grid weights and W in `dtype` (the autocast dtype under autocast, in
+    which psi is written and the matmuls run and round as F.linear's do under autocast)."""
+
+    @staticmethod
+    def forward(ctx, x, grid_weight, weight, grid_min, grid_max, use_triton, dtype):
+        w = weight.to(dtype)
+        ctx.save_for_backward(x, grid_weight, w)
+        ctx.args, ctx.weight_dtype = (grid_min, grid_max, use_triton, dtype), weight.dtype
+        return F.linear(_forward(x, grid_weight, grid_min, grid_max, use_triton, dtype), w)
+
+    @staticmethod
+    def backward(ctx, dy):
+        x, grid_weight, w = ctx.saved_tensors
+        grid_min, grid_max, use_triton, dtype = ctx.args
+        dy = dy.to(dtype)
+        dx, dgw, psi = backward_and_output(x, grid_weight, dy @ w, grid_min, grid_max, use_triton, dtype)
+        dw = (_rows(dy).T @ _rows(psi)).to(ctx.weight_dtype) if ctx.needs_input_grad[2] else None
+        return dx, dgw, dw, None, None, None, None
+
+
 def _autocast_weight(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
     """The weight in the autocast dtype when autocast is on for x's device (the fused ops multiply in W's dtype)."""
     device = x.device.type
@@ -362,9 +388,8 @@ def _run_kan(
         return _kan_fused(x, grid_weight, _autocast_weight(x, weight), grid_min, grid_max)
     if path == TRACED:
         return _TracedKan.apply(x, grid_weight, weight, grid_min, grid_max, autocast_dtype(x))
-    # psi written in the dtype F.linear multiplies in: no cast between the RBF op and the matmul
-    psi = rbf_grid_linear(x, grid_weight, grid_min, grid_max, backend=path, out_dtype=autocast_dtype(x))
-    return F.linear(psi, weight)
+    use_triton = uses_triton(x, grid_weight, grid_min, grid_max, path)
+    return _RecomputedKan.apply(x, grid_weight, weight, grid_min, grid_max, use_triton, autocast_dtype(x))
 
 
 def _run_edge(

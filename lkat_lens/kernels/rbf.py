@@ -122,6 +122,27 @@ def _backward_kernel(
     return dx.contiguous(), dw.contiguous()
 
 
+def backward_and_output(
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    dy: torch.Tensor,
+    grid_min: float,
+    grid_max: float,
+    use_triton: bool,
+    out_dtype: torch.dtype,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(dx, dw, y): the backward's gradients and the forward's output y in out_dtype, for a caller that needs y in
+    its backward instead of saving it. The Triton backward writes y from the pass that computes dx and dw; the
+    torch path computes y by the reference."""
+    if not use_triton:
+        dx, dw = _backward_kernel(x, weight, dy, grid_min, grid_max, False)
+        return dx, dw, _forward(x, weight, grid_min, grid_max, False, out_dtype)
+    x2d, w2d = _triton_operands(x, weight)
+    dy2d = dy.reshape(x2d.shape).contiguous()
+    dx, dw, y = rbf_triton.rbf_grid_linear_bwd(x2d, w2d, dy2d, grid_min, grid_max, out_dtype)
+    return dx.view(x.shape), dw.reshape(weight.shape).to(weight.dtype), y.view(x.shape)
+
+
 # The operator as torch custom ops (forward, backward), so that torch.compile keeps it in its graph as one opaque
 # call. Both save only x and the weight; the backward recomputes the basis.
 
@@ -189,10 +210,16 @@ def rbf_grid_linear(
     out_dtype (x's dtype unless given): the dtype y is written in, e.g. the autocast dtype of the matmul that
     reads y (the same values as casting y afterwards, without the extra copy).
     """
+    use_triton = uses_triton(x, weight, grid_min, grid_max, backend)
+    return _rbf(x, weight, float(grid_min), float(grid_max), use_triton, out_dtype or x.dtype)
+
+
+def uses_triton(x: torch.Tensor, weight: torch.Tensor, grid_min: float, grid_max: float, backend: str) -> bool:
+    """Whether `backend` runs the Triton kernel for these operands; one clear error for a backend, grid or weight
+    they cannot take."""
     if backend not in BACKENDS:
         raise ValueError(f"unknown backend {backend!r}; choose from {BACKENDS}")
     check_grid(grid_min, grid_max, _grid_weight(x, weight).shape[-1])
     if backend == "triton" and (rbf_triton is None or x.dtype not in TRITON_DTYPES):
         raise ValueError(f"the triton backend needs triton and x in {TRITON_DTYPES}, got {x.dtype}")
-    use_triton = backend == "triton" or (backend == "auto" and triton_supports(x))
-    return _rbf(x, weight, float(grid_min), float(grid_max), use_triton, out_dtype or x.dtype)
+    return backend == "triton" or (backend == "auto" and triton_supports(x))

@@ -7,7 +7,9 @@ phi_{a+j} * e^{j^2}, so a span costs two exponentials and one multiply per cente
 factor is folded into the weights once per program (and into dw when it is stored). The backward
 computes dx and dw in one pass: each program keeps one register accumulator per center over its
 strided rows and writes a [D, G] partial, which the host sums in a fixed order (deterministic, no
-atomics). Both passes stride a persistent grid of programs over the rows.
+atomics); on request it also writes the forward's output, which it forms on the way (the same products in
+the same order as the forward kernel), for a caller that needs it in the backward instead of saving it.
+Both passes stride a persistent grid of programs over the rows.
 
 On CUDA the kernels are compiled and autotuned. With TRITON_INTERPRET=1 in the environment before
 triton is first imported (triton decorates its own language functions at import), they run through
@@ -54,6 +56,7 @@ def _rbf_grid_linear_kernel(
     dy_ptr,
     out_ptr,
     part_ptr,
+    y_ptr,
     n_rows,
     D,
     scale,
@@ -63,8 +66,10 @@ def _rbf_grid_linear_kernel(
     BACKWARD: tl.constexpr,
     BLOCK_N: tl.constexpr,
     BLOCK_D: tl.constexpr,
+    WRITE_Y: tl.constexpr = False,
 ):
-    """Forward: out = sum_g w[d,g] phi_g(x). Backward: out = dx, part[program] = this program's dw [D, G]."""
+    """Forward: out = sum_g w[d,g] phi_g(x). Backward: out = dx, part[program] = this program's dw [D, G] and, with
+    WRITE_Y, y = the forward's out."""
     pid_n = tl.program_id(0)
     cols = tl.program_id(1) * BLOCK_D + tl.arange(0, BLOCK_D)
     col_ok = cols < D
@@ -87,6 +92,7 @@ def _rbf_grid_linear_kernel(
         if BACKWARD:
             dy = tl.load(dy_ptr + offs, mask=mask, other=0.0).to(tl.float32)
         out = tl.zeros((BLOCK_N, BLOCK_D), dtype=tl.float32)
+        y = tl.zeros((BLOCK_N, BLOCK_D), dtype=tl.float32)  # the forward's out (backward with WRITE_Y)
         for a in tl.static_range(0, G, _SPAN):
             v = tl.minimum(tl.maximum(u - a, -_CLAMP), _SPAN - 1 + _CLAMP)
             psi = tl.exp(-v * v)
@@ -107,10 +113,14 @@ def _rbf_grid_linear_kernel(
                         s0 += w * psi
             if BACKWARD:
                 out += v * s0 - s1  # sum_j w_j phi_j (v - j)
+                if WRITE_Y:
+                    y += s0
             else:
                 out += s0
         if BACKWARD:
             out = dy * out * dx_scale
+            if WRITE_Y:
+                tl.store(y_ptr + offs, y.to(y_ptr.dtype.element_ty), mask=mask)
         tl.store(out_ptr + offs, out.to(out_ptr.dtype.element_ty), mask=mask)
     if BACKWARD:
         for a in tl.static_range(0, G, _SPAN):
@@ -175,7 +185,7 @@ def rbf_grid_linear_fwd(
     y = torch.empty_like(x2d, dtype=out_dtype or x2d.dtype)
     if y.numel() == 0:
         return y
-    args = (x2d, w32, x2d, y, w32, n_rows, D, scale, shift, dx_scale)
+    args = (x2d, w32, x2d, y, w32, x2d, n_rows, D, scale, shift, dx_scale)
     if INTERPRET:
         block_n, block_d = _interp_tile(D)
         launch = (min(triton.cdiv(n_rows, block_n), _INTERP_ROW_PROGRAMS), triton.cdiv(D, block_d))
@@ -192,16 +202,23 @@ def rbf_grid_linear_fwd(
 
 
 def rbf_grid_linear_bwd(
-    x2d: torch.Tensor, w2d: torch.Tensor, dy2d: torch.Tensor, grid_min: float, grid_max: float
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """(dx in x2d's dtype, dw float32 [D, G]) for the upstream gradient dy2d, in one pass over x."""
+    x2d: torch.Tensor,
+    w2d: torch.Tensor,
+    dy2d: torch.Tensor,
+    grid_min: float,
+    grid_max: float,
+    y_dtype: torch.dtype | None = None,
+) -> tuple[torch.Tensor, ...]:
+    """(dx in x2d's dtype, dw float32 [D, G]) for the upstream gradient dy2d, in one pass over x; with y_dtype, also
+    the forward's output y in that dtype (as rbf_grid_linear_fwd writes it), from the same pass."""
     w32, scale, shift, dx_scale = _prepare(x2d, w2d, grid_min, grid_max)
     if dy2d.shape != x2d.shape or not dy2d.is_contiguous():
         raise ValueError("dy must be contiguous and shaped like x")
     (n_rows, D), G = x2d.shape, w2d.shape[1]
     dx = torch.empty_like(x2d)
+    y = torch.empty_like(x2d, dtype=y_dtype) if y_dtype is not None else None
     if dx.numel() == 0:
-        return dx, torch.zeros(D, G, device=x2d.device)
+        return dx, torch.zeros(D, G, device=x2d.device), *(() if y is None else (y,))
     if INTERPRET:
         block_n, block_d = _interp_tile(D)
         programs = min(triton.cdiv(n_rows, block_n), _INTERP_ROW_PROGRAMS)
@@ -211,10 +228,11 @@ def rbf_grid_linear_bwd(
         cap = _PROGRAMS_PER_SM * num_sms(x2d.device) // triton.cdiv(D, block_d)
         programs = max(1, min(triton.cdiv(n_rows, min_block_n), cap))
     part = torch.empty((programs, D, G), device=x2d.device, dtype=torch.float32)
-    args = (x2d, w32, dy2d, dx, part, n_rows, D, scale, shift, dx_scale)
+    args = (x2d, w32, dy2d, dx, part, x2d if y is None else y, n_rows, D, scale, shift, dx_scale)
     launch = (programs, triton.cdiv(D, block_d))
+    meta = dict(G=G, BACKWARD=True, BLOCK_D=block_d, WRITE_Y=y is not None)
     if INTERPRET:
-        _rbf_grid_linear_kernel[launch](*args, G=G, BACKWARD=True, BLOCK_N=block_n, BLOCK_D=block_d)
+        _rbf_grid_linear_kernel[launch](*args, **meta, BLOCK_N=block_n)
     else:
-        _autotuned(True, D > 1)[launch](*args, G=G, BACKWARD=True, BLOCK_D=block_d)
-    return dx, part.sum(0)
+        _autotuned(True, D > 1)[launch](*args, **meta)
+    return dx, part.sum(0), *(() if y is None else (y,))

@@ -19,6 +19,7 @@ from lkat_lens.kernels.gated_norm import supports as fused_output_supports
 from lkat_lens.kernels.gla import gated_linear_attention, implicit_attention
 from lkat_lens.kernels.gla_input import gla_input
 from lkat_lens.kernels.gla_input import supports as fused_input_supports
+from lkat_lens.kernels.log_gate import log_gate
 
 from .hooks import HookPoint
 from .rope import make_rope
@@ -204,7 +205,7 @@ class VisionGLA(nn.Module):
         q, k = self.hook_q(q), self.hook_k(k)
         with torch.autocast(x.device.type, enabled=False):  # gate logits in fp32 from the small low-rank code
             gate_logits = self.gk_proj[1](gate_code.to(torch.promote_types(gate_code.dtype, torch.float32)))
-        gk = F.logsigmoid(gate_logits).unflatten(-1, heads) / self.gate_logit_normalizer
+        gk = log_gate(gate_logits, self.gate_logit_normalizer).unflatten(-1, heads)
         o = self.mix(q, k, v, self.hook_gk(gk))
         o = self.hook_z(self.gated_norm(o, g.unflatten(-1, v_heads)))
         return self.hook_out(self.o_proj(o.flatten(-2)))

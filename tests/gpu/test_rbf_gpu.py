@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from lkat_lens.kernels.rbf import rbf_grid_linear, rbf_grid_linear_reference
+from lkat_lens.kernels.rbf import backward_and_output, rbf_grid_linear, rbf_grid_linear_reference
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")]
 
@@ -133,3 +133,18 @@ def test_auto_backend_and_layouts() -> None:
     shared = torch.randn(4, device="cuda")
     three_d = x.reshape(10, 100, 96)
     assert torch.equal(rbf_grid_linear(three_d, shared, -2.0, 2.0).reshape_as(x), rbf_grid_linear(x, shared, -2.0, 2.0))
+
+
+@pytest.mark.parametrize("form", ["shared", "channel"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
+def test_backward_writes_the_forwards_output(form: str, dtype: torch.dtype) -> None:
+    """The backward that also writes y (the KAN layer's eager paths read psi from it): y in x's dtype and in bf16 as
+    the forward kernel writes it, to one rounding of y's dtype, and the same dx and dw as the plain backward."""
+    x, w, dy = _operands(form, 4099, 768, 4, dtype, seed=7)
+    _, dx, dw = _triton_fwd_bwd(x, w, dy, *GRIDS[0])
+    for out_dtype in (dtype, torch.bfloat16):
+        got_dx, got_dw, y = backward_and_output(x, w, dy, *GRIDS[0], True, out_dtype)
+        forward = rbf_grid_linear(x, w, *GRIDS[0], backend="triton", out_dtype=out_dtype)
+        assert y.dtype == out_dtype and torch.equal(got_dx, dx) and torch.equal(got_dw, dw)
+        eps = torch.finfo(out_dtype).eps
+        assert ((y.float() - forward.float()).abs() <= eps * forward.float().abs() + 1e-30).all()
