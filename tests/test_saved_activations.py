@@ -103,3 +103,21 @@ def test_lkat_saves_no_gate_logits() -> None:
         hook.remove()
     kept_ptrs = {t.data_ptr() for t in kept}
     assert not any(out.data_ptr() in kept_ptrs for out in logits.values())
+
+
+def test_compiled_kan_torch_path_and_log_gate_trace_without_a_break() -> None:
+    """While torch.compile traces (fullgraph, aot_eager), the KAN layer's torch path and the log gate are the plain
+    forms (the RBF op and F.linear, F.logsigmoid), with the eager forms' values and gradients."""
+    gen = torch.Generator().manual_seed(3)
+    inputs = [torch.randn(5, 6, generator=gen), torch.randn(1, 4, generator=gen), torch.randn(3, 6, generator=gen)]
+
+    def step(x, grid_weight, weight):
+        return kan_linear(x, grid_weight, weight, *GRID, backend="torch") + log_gate(x[:, :3], 16.0)
+
+    results = []
+    for fn in (step, torch.compile(step, backend="aot_eager", fullgraph=True)):
+        leaves = [t.clone().requires_grad_() for t in inputs]
+        y = fn(*leaves)
+        results.append([y.detach(), *torch.autograd.grad(y.square().sum(), leaves)])
+    for got, want in zip(*results, strict=True):
+        assert_close(got, want)
