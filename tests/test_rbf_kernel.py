@@ -72,14 +72,20 @@ def _rel(out: torch.Tensor, ref: torch.Tensor) -> float:
     return ((out.double() - ref).norm() / ref.norm()).item()
 
 
-def _measure_case(index: int, case: tuple) -> dict:
-    """Relative errors of the Triton op against float64, and whether dtypes and shapes are right."""
-    form, dtype_name, G, grid, shape = case
+def _case_operands(index: int, case: tuple) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.dtype]:
+    """(x ~ 1.5 N(0, 1), grid weights, upstream gradient, x's dtype) of an interpreter case."""
+    form, dtype_name, G, _, shape = case
     dtype = getattr(torch, dtype_name)
     gen = torch.Generator().manual_seed(index)
     x = (1.5 * torch.randn(shape, generator=gen)).to(dtype)
     dy = torch.randn(shape, generator=gen).to(dtype)
-    w = _weight(form, shape[-1], G, gen, shared_1d=index % 2 == 1)
+    return x, _weight(form, shape[-1], G, gen, shared_1d=index % 2 == 1), dy, dtype
+
+
+def _measure_case(index: int, case: tuple) -> dict:
+    """Relative errors of the Triton op against float64, and whether dtypes and shapes are right."""
+    x, w, dy, dtype = _case_operands(index, case)
+    grid = case[3]
     y, dx, dw = _triton_fwd_bwd(x, w, dy, grid)
     ref = _fp64_fwd_bwd(x, w, dy, grid)
     layout_ok = y.dtype == dx.dtype == dtype and dw.dtype == w.dtype and dw.shape == w.shape == ref[2].shape
@@ -104,12 +110,8 @@ def _measure_huge(dtype_name: str, G: int) -> dict:
 def _measure_with_output(index: int, case: tuple) -> dict:
     """The backward that also writes the forward's output (in x's dtype and in bf16): whether its y equals the
     forward kernel's and its dx, dw the plain backward's, exactly (the same products in the same order)."""
-    form, dtype_name, G, grid, shape = case
-    dtype = getattr(torch, dtype_name)
-    gen = torch.Generator().manual_seed(index)
-    x = (1.5 * torch.randn(shape, generator=gen)).to(dtype)
-    dy = torch.randn(shape, generator=gen).to(dtype)
-    w = _weight(form, shape[-1], G, gen, shared_1d=index % 2 == 1)
+    x, w, dy, dtype = _case_operands(index, case)
+    grid = case[3]
     _, dx, dw = _triton_fwd_bwd(x, w, dy, grid)
     equal = {}
     for out_dtype in (dtype, torch.bfloat16):
