@@ -4,7 +4,8 @@ shared / channel: y = psi(x) W^T, psi(x) = sum_g w_g phi_g(x) per element (w [1,
 edge (FastKAN):   y = Phi(x) W^T, Phi(x)[..., p*G + g] = phi_g(x_p) (W [out, in*G]).
 
 Paths: "torch" (shared/channel: the elementwise op on its torch path, then a matmul; edge: the basis
-materialised, then a matmul), "triton" (shared/channel: the elementwise Triton kernel, then cuBLAS),
+materialised, then a matmul), "triton" (shared/channel: the elementwise Triton kernel, then cuBLAS; in eager mode
+both save only x and the weights, psi being formed again by the op's backward for W's gradient),
 "fused" (the kernels of kan_triton: the basis is evaluated inside the matmul and only x is saved for
 backward), "traced" (shared/channel: the exact formula and an explicit backward as plain torch ops, no custom
 op, for torch.compile: inductor fuses the basis, its weighted sum and the cast into one elementwise kernel before
