@@ -11,11 +11,11 @@ thread ("device", torch's default) and on the calling thread ("caller", torch.au
 (False), as the trainer runs it).
 "launches": LKAT's eager step at each size with our autotuned Triton kernels started directly once compiled
 (kernels.tuned.DIRECT, "direct", the default) and through Triton's JITFunction.run on every call ("jit").
-"steps": ViT's and LKAT's eager steps as they are, for comparing two trees of lkat_lens run as alternating processes
-(put the other tree's export first on PYTHONPATH: `git archive REV lkat_lens | tar -x -C DIR`; each row names the
-lkat_lens it imported).
-A training step: bf16 autocast, fused AdamW, batch --batch at 224², synchronised after --iters steps. Writes JSON and
-prints markdown.
+"steps": ViT's and LKAT's eager training and inference steps as they are, for comparing two trees of lkat_lens run
+as alternating processes (put the other tree's export first on PYTHONPATH: `git archive REV lkat_lens | tar -x -C
+DIR`; each row names the lkat_lens it imported).
+A training step: bf16 autocast, fused AdamW, batch --batch at 224², synchronised after --iters steps; an inference
+step: the model in eval mode under no_grad and bf16 autocast. Writes JSON and prints markdown.
 """
 
 from __future__ import annotations
@@ -116,6 +116,19 @@ def training_step(config: Config, batch: int) -> Callable[[], None]:
     return step
 
 
+def inference_step(config: Config, batch: int) -> Callable[[], None]:
+    """One eager inference step (no_grad, bf16 autocast) of a fresh model in eval mode on synthetic data."""
+    torch.manual_seed(0)
+    model = build(config, 224).eval()
+    x = torch.randn(batch, 3, 224, 224, device="cuda")
+
+    def step():
+        with torch.no_grad(), torch.autocast("cuda", dtype=torch.bfloat16):
+            model(x)
+
+    return step
+
+
 def alternate(
     step: Callable[[], None], variants: dict[str, Callable[[], None]], warmup: int, iters: int, rounds: int
 ) -> dict[str, list[float]]:
@@ -188,13 +201,14 @@ def compare_launches(args: argparse.Namespace) -> list[dict]:
 
 
 def compare_steps(args: argparse.Namespace) -> list[dict]:
-    """Rows of the "steps" timing: ViT's and LKAT's eager steps at each size, as they are."""
+    """Rows of the "steps" timing: ViT's and LKAT's eager training and inference steps at each size, as they are."""
     rows = []
     for size in args.sizes:
         for config in (vit(size), lkat(size, "auto")):
-            times = alternate(training_step(config, args.batch), {"as is": lambda: None}, args.warmup, args.iters,
-                              args.rounds)  # fmt: skip
-            rows.append(row(f"{config.label} eager training step, ms", times) | {"lkat_lens": lkat_lens.__file__})
+            for what, make in (("training", training_step), ("inference", inference_step)):
+                times = alternate(make(config, args.batch), {"as is": lambda: None}, args.warmup, args.iters,
+                                  args.rounds)  # fmt: skip
+                rows.append(row(f"{config.label} eager {what} step, ms", times) | {"lkat_lens": lkat_lens.__file__})
     return rows
 
 

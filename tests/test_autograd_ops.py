@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+from torch.profiler import ProfilerActivity
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from lkat_lens.kernels import kan_linear, rbf
@@ -94,3 +95,21 @@ def test_compiled_caller_keeps_the_op_in_the_graph() -> None:
     y = compiled(x, w)
     assert any("rbf_grid_linear" in target for target in seen), seen
     torch.testing.assert_close(y, rbf._rbf_op(x, w, *GRID, False, torch.float32), rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_without_gradients_the_caller_runs_the_function_alone(case: str) -> None:
+    """Under no_grad (inference, analyses) the eager caller calls the forward's function: the same output, and no
+    autograd.Function runs (none shows in torch.profiler's events, where the graded call shows Eager_<op>)."""
+    _, caller, make = CASES[case]
+    x = (torch.randn(5, 6, dtype=torch.float64) * 1.5).requires_grad_()
+    inputs = make(x, torch.randn(1, 4, dtype=torch.float64, requires_grad=True))
+    events = {}
+    for grad in (True, False):
+        with torch.set_grad_enabled(grad), torch.profiler.profile(activities=[ProfilerActivity.CPU]) as prof:
+            y = caller(*inputs)
+        events[grad] = (y, {e.name for e in prof.events()})
+    (graded, graded_names), (plain, plain_names) = events[True], events[False]
+    assert torch.equal(graded.detach(), plain) and plain.grad_fn is None
+    assert any(n.startswith("Eager_") for n in graded_names), graded_names
+    assert not any(n.startswith("Eager_") for n in plain_names), plain_names

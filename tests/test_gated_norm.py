@@ -60,6 +60,9 @@ def _measure_case(case: tuple) -> dict:
     expected = [(o.dtype, o.shape), (o.dtype, o.shape), (g.dtype, g.shape), (weight.dtype, weight.shape)]
     expected += [(bias.dtype, bias.shape)]
     errors["layout_ok"] = [(t.dtype, t.shape) for t in got] == expected
+    with torch.no_grad():  # without gradients the kernel runs alone, no autograd node: the same output
+        plain = gated_norm.gated_norm(o, g, weight, bias, 1e-5)
+    errors["no_grad_same"] = plain.grad_fn is None and torch.equal(plain, got[0])
     return errors
 
 
@@ -121,7 +124,7 @@ def interp() -> dict:
 @pytest.mark.parametrize("case_id", list(CASES))
 def test_interpreter_matches_fp64_reference(interp: dict, case_id: str) -> None:
     measured = interp[case_id]
-    assert measured["layout_ok"], measured
+    assert measured["layout_ok"] and measured["no_grad_same"], measured
     for name in OUTPUTS:
         assert measured[name] <= TOL[CASES[case_id][3]], (name, measured)
 

@@ -121,3 +121,17 @@ def test_compiled_kan_torch_path_and_log_gate_trace_without_a_break() -> None:
         results.append([y.detach(), *torch.autograd.grad(y.square().sum(), leaves)])
     for got, want in zip(*results, strict=True):
         assert_close(got, want)
+
+
+def test_without_gradients_kan_and_log_gate_give_the_same_values_and_save_nothing() -> None:
+    """Under no_grad the KAN layer's torch path and the log gate compute their forward alone: the graded call's
+    values, no autograd node and nothing saved."""
+    gen = torch.Generator().manual_seed(4)
+    x, grid_weight, weight = torch.randn(5, 6, generator=gen), torch.randn(1, 4, generator=gen), torch.randn(3, 6)
+    leaves = [t.clone().requires_grad_() for t in (x, grid_weight, weight)]
+    for fn in (lambda *t: kan_linear(*t, *GRID, backend="torch"), lambda xx, *_: log_gate(xx, 16.0)):
+        graded = fn(*leaves)
+        with torch.no_grad():
+            plain, kept = saved(fn, *leaves)
+        assert graded.grad_fn is not None and plain.grad_fn is None and kept == []
+        assert torch.equal(graded.detach(), plain)

@@ -12,7 +12,8 @@ So each computation is a `Kernel`: the custom op and the plain function it runs 
 does). `differentiable` registers the autograd formula on the forward op, for torch.compile, and returns the function
 the model calls: the op itself while torch.compile traces, else a plain torch.autograd.Function that runs the
 forward's function, the same setup_context and the same backward formula with the backward's function in place of
-the backward op. Both paths compute the same values; the tests hold each op to its torch reference either way.
+the backward op, and with gradients off (inference, analyses under no_grad) the forward's function alone: no
+autograd node, nothing saved. The paths compute the same values; the tests hold each op to its torch reference.
 """
 
 from __future__ import annotations
@@ -60,6 +61,8 @@ def differentiable(
     )
 
     def call(*inputs: Any) -> Any:
-        return forward.op(*inputs) if torch.compiler.is_compiling() else function.apply(*inputs)
+        if torch.compiler.is_compiling():
+            return forward.op(*inputs)
+        return function.apply(*inputs) if torch.is_grad_enabled() else forward.function(*inputs)
 
     return call

@@ -201,5 +201,6 @@ def gated_norm(o: torch.Tensor, g: torch.Tensor, weight: torch.Tensor, bias: tor
             f"on {o.device}, weight {tuple(weight.shape)}, bias {tuple(bias.shape)}"
         )
     lead, (H, V) = o.shape[:-2], o.shape[-2:]
-    out = _GatedNorm.apply(o.reshape(-1, H, V), g.reshape(-1, H, V), weight, bias, float(eps))
+    args = (o.reshape(-1, H, V), g.reshape(-1, H, V), weight, bias, float(eps))
+    out = _GatedNorm.apply(*args) if torch.is_grad_enabled() else gated_norm_fwd(*args)  # no node without gradients
     return out.view(*lead, H, V)

@@ -353,11 +353,16 @@ class _RecomputedKan(torch.autograd.Function):
     which psi is written and the matmuls run and round as F.linear's do under autocast)."""
 
     @staticmethod
+    def value(x, grid_weight, w, grid_min, grid_max, use_triton, dtype):
+        """psi(x) W^T for W already in `dtype` (with gradients off, the path calls this alone)."""
+        return F.linear(_forward(x, grid_weight, grid_min, grid_max, use_triton, dtype), w)
+
+    @staticmethod
     def forward(ctx, x, grid_weight, weight, grid_min, grid_max, use_triton, dtype):
         w = weight.to(dtype)
         ctx.save_for_backward(x, grid_weight, w)
         ctx.args, ctx.weight_dtype = (grid_min, grid_max, use_triton, dtype), weight.dtype
-        return F.linear(_forward(x, grid_weight, grid_min, grid_max, use_triton, dtype), w)
+        return _RecomputedKan.value(x, grid_weight, w, grid_min, grid_max, use_triton, dtype)
 
     @staticmethod
     def backward(ctx, dy):
@@ -394,8 +399,10 @@ def _run_kan(
         return F.linear(
             rbf_grid_linear(x, grid_weight, grid_min, grid_max, backend=path, out_dtype=autocast_dtype(x)), weight
         )
-    use_triton = uses_triton(x, grid_weight, grid_min, grid_max, path)
-    return _RecomputedKan.apply(x, grid_weight, weight, grid_min, grid_max, use_triton, autocast_dtype(x))
+    use_triton, dtype = uses_triton(x, grid_weight, grid_min, grid_max, path), autocast_dtype(x)
+    if not torch.is_grad_enabled():
+        return _RecomputedKan.value(x, grid_weight, weight.to(dtype), grid_min, grid_max, use_triton, dtype)
+    return _RecomputedKan.apply(x, grid_weight, weight, grid_min, grid_max, use_triton, dtype)
 
 
 def _run_edge(

@@ -3,7 +3,8 @@
 F.logsigmoid saves its input for the backward: in an eager LKAT block that is the fp32 gate logits [B, T, K], kept
 beside the gate itself, which the GLA saves anyway. d/dx logsigmoid(x) = sigmoid(-x) = -expm1(logsigmoid(x)), so the
 gradient follows from the output alone (expm1 keeps it exact where sigmoid(-x) is tiny); `log_gate` saves only the
-output. While torch.compile traces, it is the plain ops: inductor decides what the compiled backward saves.
+output. While torch.compile traces, it is the plain ops (inductor decides what the compiled backward saves), and so it
+is with gradients off.
 """
 
 from __future__ import annotations
@@ -35,6 +36,6 @@ class _LogGate(torch.autograd.Function):
 
 def log_gate(x: torch.Tensor, normalizer: float) -> torch.Tensor:
     """logsigmoid(x) / normalizer, in x's dtype; its backward needs only the output (see the module docstring)."""
-    if torch.compiler.is_compiling():
+    if torch.compiler.is_compiling() or not torch.is_grad_enabled():
         return F.logsigmoid(x) / normalizer
     return _LogGate.apply(x, float(normalizer))
