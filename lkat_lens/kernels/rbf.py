@@ -96,13 +96,18 @@ def _triton_forward(
 
 
 def _triton_backward(
-    x: torch.Tensor, weight: torch.Tensor, dy: torch.Tensor, grid_min: float, grid_max: float
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """Fused backward on the Triton kernel: dx and dw in one pass."""
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    dy: torch.Tensor,
+    grid_min: float,
+    grid_max: float,
+    out_dtype: torch.dtype | None = None,
+) -> tuple[torch.Tensor, ...]:
+    """Fused backward on the Triton kernel: dx and dw in one pass, and with out_dtype the forward's output y in it."""
     x2d, w2d = _triton_operands(x, weight)
     dy2d = dy.reshape(x2d.shape).contiguous()
-    dx, dw = rbf_triton.rbf_grid_linear_bwd(x2d, w2d, dy2d, grid_min, grid_max)
-    return dx.view(x.shape), dw.reshape(weight.shape).to(weight.dtype)
+    dx, dw, *y = rbf_triton.rbf_grid_linear_bwd(x2d, w2d, dy2d, grid_min, grid_max, out_dtype)
+    return dx.view(x.shape), dw.reshape(weight.shape).to(weight.dtype), *(t.view(x.shape) for t in y)
 
 
 def _forward(
@@ -134,13 +139,10 @@ def backward_and_output(
     """(dx, dw, y): the backward's gradients and the forward's output y in out_dtype, for a caller that needs y in
     its backward instead of saving it. The Triton backward writes y from the pass that computes dx and dw; the
     torch path computes y by the reference."""
-    if not use_triton:
-        dx, dw = _backward_kernel(x, weight, dy, grid_min, grid_max, False)
-        return dx, dw, _forward(x, weight, grid_min, grid_max, False, out_dtype)
-    x2d, w2d = _triton_operands(x, weight)
-    dy2d = dy.reshape(x2d.shape).contiguous()
-    dx, dw, y = rbf_triton.rbf_grid_linear_bwd(x2d, w2d, dy2d, grid_min, grid_max, out_dtype)
-    return dx.view(x.shape), dw.reshape(weight.shape).to(weight.dtype), y.view(x.shape)
+    if use_triton:
+        return _triton_backward(x, weight, dy, grid_min, grid_max, out_dtype)
+    dx, dw = _backward_kernel(x, weight, dy, grid_min, grid_max, False)
+    return dx, dw, _forward(x, weight, grid_min, grid_max, False, out_dtype)
 
 
 # The operator as torch custom ops (forward, backward), so that torch.compile keeps it in its graph as one opaque

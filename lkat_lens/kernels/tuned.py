@@ -8,8 +8,8 @@ the step (~190 launches a step, H200 machine). A TunedKernel wraps an autotuner:
 the next through JITFunction.run with the chosen configuration, which returns the compiled kernel; later calls start
 that compiled kernel directly, as JITFunction.run does (the same arguments, grid, stream and launch hooks).
 
-The key holds what decides the compiled kernel: the values of the autotuner's key arguments, the keyword arguments,
-the current device and the arguments' specialisation (`specialisation`), computed as Triton computes it, or finer.
+The key holds what decides the compiled kernel: the values of the autotuner's key arguments, the keyword arguments
+and the arguments' specialisation (`specialisation`: as Triton computes it, or finer, with the tensors' device).
 `DIRECT = False` sends every launch through JITFunction.run (benchmarks/bench_eager_host.py compares both).
 """
 
@@ -37,7 +37,7 @@ def specialisation(args: tuple, constexpr: tuple[bool, ...]) -> tuple:
             key.append(("constexpr", arg))
         elif isinstance(arg, torch.Tensor):
             key.append((arg.dtype, arg.data_ptr() % 16 == 0, arg.get_device()))
-        elif isinstance(arg, bool) or isinstance(arg, float):
+        elif isinstance(arg, (bool, float)):
             key.append(type(arg))
         elif isinstance(arg, int):
             width = 32 if -_I32 <= arg < _I32 else (64 if -_I64 <= arg < _I64 else 65)
