@@ -7,7 +7,11 @@ torch's scaled_dot_product_attention on the same heads ([B, H, T, D], not causal
 Each GLA row also gets its largest error against the fp64 recurrence (on a smaller batch). Every time is taken
 twice: called from Python (the host's dispatch included, which at these sizes is most of it) and replayed as a CUDA
 graph (the GPU's time, as in a model trained under CUDA graphs); the ratios to SDPA are the graph times'.
-Writes JSON and prints a markdown table.
+Writes JSON and prints a markdown table. --lengths adds a sweep of chunk against short over T, --states-lengths one
+of chunk mode's two ways of passing states between chunks (serial walks or fla's parallel state passing, see
+`kernels.gla_fla`), both at the same tokens per batch:
+
+    python benchmarks/bench_gla.py --states-lengths 1024 2048 4096 8192 16384 --out ...
 """
 
 from __future__ import annotations
@@ -21,6 +25,7 @@ import torch.nn.functional as F
 from bench_model import time_ms  # benchmarks/ is the script folder
 from common import dated_result_path, environment, write_result
 
+from lkat_lens.kernels import gla_fla
 from lkat_lens.kernels.gla import gated_linear_attention, gla_recurrent
 
 GLA_MODES = ("chunk", "fused_recurrent", "short")
@@ -104,6 +109,7 @@ def main() -> None:
     parser.add_argument("--warmup", type=int, default=5)
     parser.add_argument("--iters", type=int, default=20)
     parser.add_argument("--lengths", nargs="*", type=int, default=[], help="also time chunk vs short at these T")
+    parser.add_argument("--states-lengths", nargs="*", type=int, default=[], help="also time chunk's state passing")
     parser.add_argument("--out", type=Path, default=None)
     args = parser.parse_args()
     shape = (args.batch, args.tokens, args.heads, args.head_dim)
@@ -122,7 +128,9 @@ def main() -> None:
             row[f"{key}_x_sdpa"] = row[f"{key}_ms"] / base[f"{key}_ms"]
         row.update(env)
     lengths = length_sweep(args) if args.lengths else []
-    write_result(args.out or dated_result_path("bench_gla", env), {"sublayer": rows, "lengths": lengths})
+    states = states_sweep(args) if args.states_lengths else []
+    payload = {"sublayer": rows, "lengths": lengths, "states": states}
+    write_result(args.out or dated_result_path("bench_gla", env), payload)
     print(f"GLA sublayer, B T H D = {shape}, bf16 (gates fp32); errors on batch {args.error_batch}")
     print(
         "| op | fwd ms | fwd+bwd ms | fwd ms, graph | fwd+bwd ms, graph | fwd × SDPA, graph | fwd+bwd × SDPA, graph "
@@ -138,6 +146,13 @@ def main() -> None:
         )
     if lengths:
         print_lengths(lengths)
+    if states:
+        print_states(states)
+
+
+def batch_for(args: argparse.Namespace, T: int) -> int:
+    """The batch that keeps tokens per batch near --batch x --tokens at sequence length T."""
+    return max(1, round(args.batch * args.tokens / T))
 
 
 def length_sweep(args: argparse.Namespace) -> list[dict]:
@@ -145,7 +160,7 @@ def length_sweep(args: argparse.Namespace) -> list[dict]:
     tokens / T (the same tokens per batch)."""
     rows = []
     for T in args.lengths:
-        batch = max(1, round(args.batch * args.tokens / T))
+        batch = batch_for(args, T)
         inputs = make_inputs(batch, T, args.heads, args.head_dim, torch.bfloat16)
         row = {"T": T, "batch": batch}
         for mode in ("chunk", "short"):
@@ -153,6 +168,44 @@ def length_sweep(args: argparse.Namespace) -> list[dict]:
             row |= {f"{mode}_fwd_ms": times["fwd_graph_ms"], f"{mode}_fwd_bwd_ms": times["fwd_bwd_graph_ms"]}
         rows.append(row)
     return rows
+
+
+def states_sweep(args: argparse.Namespace) -> list[dict]:
+    """Forward and fwd+bwd ms (CUDA graph replays) of chunk mode with serial and with parallel state passing at
+    each T of --states-lengths (gla_fla.PARALLEL_STATES_MIN_T set to send every T one way, then restored)."""
+    rows, threshold = [], gla_fla.PARALLEL_STATES_MIN_T
+    try:
+        for T in args.states_lengths:
+            batch = batch_for(args, T)
+            inputs = make_inputs(batch, T, args.heads, args.head_dim, torch.bfloat16)
+            row = {"T": T, "batch": batch}
+            for name, min_t in (("serial", T + 1), ("parallel", 0)):
+                gla_fla.PARALLEL_STATES_MIN_T = min_t
+                times = timings(gla("chunk"), inputs, args.warmup, args.iters)
+                row |= {f"{name}_fwd_ms": times["fwd_graph_ms"], f"{name}_fwd_bwd_ms": times["fwd_bwd_graph_ms"]}
+            rows.append(row)
+    finally:
+        gla_fla.PARALLEL_STATES_MIN_T = threshold
+    return rows
+
+
+def print_states(rows: list[dict]) -> None:
+    """The state-passing sweep as markdown, and the shortest T from which parallel passing won at every longer T."""
+    print(
+        "\n| T | batch | serial fwd ms | parallel fwd ms | fwd: parallel × serial | serial fwd+bwd ms "
+        "| parallel fwd+bwd ms | fwd+bwd: parallel × serial |"
+    )
+    print("|---|---|---|---|---|---|---|---|")
+    for r in rows:
+        print(
+            f"| {r['T']} | {r['batch']} | {r['serial_fwd_ms']:.3f} | {r['parallel_fwd_ms']:.3f} | "
+            f"{r['parallel_fwd_ms'] / r['serial_fwd_ms']:.2f}× | {r['serial_fwd_bwd_ms']:.3f} | "
+            f"{r['parallel_fwd_bwd_ms']:.3f} | {r['parallel_fwd_bwd_ms'] / r['serial_fwd_bwd_ms']:.2f}× |"
+        )
+    for what in ("fwd_bwd", "fwd"):
+        wins = {r["T"]: r[f"parallel_{what}_ms"] < r[f"serial_{what}_ms"] for r in rows}
+        from_t = min((t for t in wins if all(won for u, won in wins.items() if u >= t)), default=None)
+        print(f"parallel state passing's {what} won at every T from {from_t if from_t else 'none'} on")
 
 
 def print_lengths(rows: list[dict]) -> None:

@@ -9,6 +9,12 @@ calls a marginal cost) and then runs fla's `chunk_gla_bwd`, which recomputes the
 backward does. The fused-recurrent backward is fla's `fused_recurrent_bwd` (its saved output is read only for
 gv, which GLA has not). The functions called are those of fla 0.6.0.
 
+Chunk states: `chunk_gla` passes the state from chunk to chunk in one serial walk per (sequence, head, state
+tile), forward (`chunk_fwd_kernel_h`) and backward (`chunk_bwd_kernel_dh`). At high resolution the batch is small
+and the sequence long (2 images of 16,389 tokens at 2048^2), so a few dozen programs walk hundreds of chunks. From
+T = PARALLEL_STATES_MIN_T the chunk mode composes fla's other chunk kernels with the states and their gradients
+passed in parallel (`kernels.chunk_states`).
+
 On the CPU, where fla's kernels cannot run, the ops compute the exact torch chunked form (`gla.gla_chunked`), its
 gradient by torch.func.vjp: so their registrations (fake tensors, autograd) can be checked there.
 """
@@ -19,9 +25,11 @@ from typing import Any
 
 import torch
 
+from . import chunk_states
 from .autograd_ops import Kernel, differentiable
 
 MODES = ("chunk", "fused_recurrent")
+PARALLEL_STATES_MIN_T = 3072  # H200 sweep (bench_gla.py --states-lengths): loses at 2053 tokens, wins from 4101
 
 
 def _reference(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, gk: torch.Tensor, scale: float) -> torch.Tensor:
@@ -44,11 +52,59 @@ def _chunk_size(T: int) -> int:
     return min(64, max(16, triton.next_power_of_2(T)))
 
 
+def parallel_states(T: int) -> bool:
+    """Whether chunk mode passes states between the chunks of a T-token sequence in parallel (module docstring)."""
+    return T >= PARALLEL_STATES_MIN_T
+
+
+def _log2_cumsum(gk: torch.Tensor, size: int) -> torch.Tensor:
+    """Chunk-local cumsum of the log gates in log2 units, as chunk_gla's kernels take them."""
+    from fla.ops.utils.constant import RCP_LN2
+    from fla.ops.utils.cumsum import chunk_local_cumsum
+
+    return chunk_local_cumsum(gk, size, scale=RCP_LN2)
+
+
+def _parallel_chunk_forward(q, k, v, gk, scale) -> torch.Tensor:
+    """chunk_gla's forward (chunk_gla_fwd) with the states passed in parallel."""
+    from fla.ops.gla.chunk import chunk_gla_fwd_intra_gk, chunk_gla_fwd_o_gk
+
+    size = _chunk_size(q.shape[1])
+    g = _log2_cumsum(gk, size)
+    h = chunk_states.states(k, v, g, size, k.dtype)
+    A = chunk_gla_fwd_intra_gk(q=q, k=k, g=g, scale=scale, chunk_size=size)
+    return chunk_gla_fwd_o_gk(q=q, v=v, g=g, A=A, h=h, scale=scale, chunk_size=size)
+
+
+def _parallel_chunk_backward(q, k, v, gk, do, scale) -> tuple[torch.Tensor, ...]:
+    """chunk_gla_bwd's steps with the states and their gradients passed in parallel: (dq, dk, dv, dg)."""
+    from fla.ops.gla.chunk import (
+        chunk_gla_bwd_dA,
+        chunk_gla_bwd_dqk_intra,
+        chunk_gla_bwd_dqkg,
+        chunk_gla_bwd_dv,
+        chunk_gla_fwd_intra_gk,
+    )
+
+    size = _chunk_size(q.shape[1])
+    g = _log2_cumsum(gk, size)
+    A = chunk_gla_fwd_intra_gk(q=q, k=k, g=g, scale=scale, chunk_size=size)
+    h = chunk_states.states(k, v, g, size)
+    dh = chunk_states.state_grads(q, do, g, scale, size)
+    dv = chunk_gla_bwd_dv(k=k, g=g, A=A, do=do, dh=dh, chunk_size=size)
+    dA = chunk_gla_bwd_dA(v=v, do=do, scale=scale, chunk_size=size)
+    dq, dk = chunk_gla_bwd_dqk_intra(q=q, k=k, g=g, dA=dA, chunk_size=size)
+    dq, dk, dg = chunk_gla_bwd_dqkg(q=q, k=k, v=v, h=h, g=g, do=do, dh=dh, dq=dq, dk=dk, scale=scale, chunk_size=size)
+    return dq, dk, dv, dg
+
+
 def _fla_forward(q, k, v, gk, scale, mode) -> torch.Tensor:
     from fla.ops.gla import chunk_gla, fused_recurrent_gla
 
     with torch.cuda.device(q.device):
-        if mode == "chunk":
+        if mode == "chunk" and parallel_states(q.shape[1]):
+            o = _parallel_chunk_forward(q, k, v, gk, scale)
+        elif mode == "chunk":
             o = chunk_gla(q, k, v, gk, scale=scale)[0]
         else:
             o = fused_recurrent_gla(q, k, v, gk=gk, scale=scale)[0]
@@ -57,13 +113,13 @@ def _fla_forward(q, k, v, gk, scale, mode) -> torch.Tensor:
 
 def _fla_backward(q, k, v, gk, do, scale, mode) -> tuple[torch.Tensor, ...]:
     with torch.cuda.device(q.device):
-        if mode == "chunk":
+        if mode == "chunk" and parallel_states(q.shape[1]):
+            dq, dk, dv, dg = _parallel_chunk_backward(q, k, v, gk, do, scale)
+        elif mode == "chunk":
             from fla.ops.gla.chunk import chunk_gla_bwd, chunk_gla_fwd_intra_gk
-            from fla.ops.utils.constant import RCP_LN2
-            from fla.ops.utils.cumsum import chunk_local_cumsum
 
             size = _chunk_size(q.shape[1])
-            g_cumsum = chunk_local_cumsum(gk, size, scale=RCP_LN2)
+            g_cumsum = _log2_cumsum(gk, size)
             A = chunk_gla_fwd_intra_gk(q=q, k=k, g=g_cumsum, scale=scale, chunk_size=size)
             dq, dk, dv, dg, _ = chunk_gla_bwd(
                 q=q, k=k, v=v, g=None, g_cumsum=g_cumsum, scale=scale, initial_state=None, h=None, A=A,

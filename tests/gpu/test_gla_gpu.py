@@ -11,6 +11,7 @@ import torch
 import torch.nn.functional as F
 from tolerance import rel_max
 
+from lkat_lens.kernels import gla_fla
 from lkat_lens.kernels.gla import gated_linear_attention, gla_recurrent
 
 pytestmark = [
@@ -40,9 +41,9 @@ def output_and_grads(fn, inputs: list[torch.Tensor], weight: torch.Tensor) -> li
     return [o.detach(), *grads]
 
 
-def check_against_recurrence(mode: str, T: int, dtype: torch.dtype) -> None:
+def check_against_recurrence(mode: str, T: int, dtype: torch.dtype, B: int = 2) -> None:
     """Assert the dispatcher's output and gradients match the fp64 torch recurrence within TOL[dtype]."""
-    inputs = make_inputs(T, dtype)
+    inputs = make_inputs(T, dtype, B=B)
     weight = torch.randn_like(inputs[2], dtype=torch.float32)
     scale = 0.1
     got = output_and_grads(lambda *x: gated_linear_attention(*x, scale=scale, mode=mode), inputs, weight)
@@ -69,6 +70,16 @@ def check_against_recurrence(mode: str, T: int, dtype: torch.dtype) -> None:
 )
 def test_dispatcher_matches_recurrence(mode: str, dtype: torch.dtype, T: int) -> None:
     check_against_recurrence(mode, T, dtype)
+
+
+@pytest.mark.parametrize(("T", "B"), [(17, 3), (64, 2), (201, 2), (1000, 2), (4100, 1)])
+@pytest.mark.parametrize("states", ["serial", "parallel"])
+def test_chunk_state_passing_matches_recurrence(states: str, T: int, B: int, monkeypatch) -> None:
+    """Chunk mode passing states serially (chunk_gla) and in parallel (fla's chunk_h_parallel with gla's other
+    kernels) at every T, ragged last chunks and 65 chunks in one sequence included."""
+    monkeypatch.setattr(gla_fla, "PARALLEL_STATES_MIN_T", 0 if states == "parallel" else T + 1)
+    assert gla_fla.parallel_states(T) == (states == "parallel")
+    check_against_recurrence("chunk", T, torch.bfloat16, B=B)
 
 
 def test_fla_chunk_fp32_matches_recurrence() -> None:

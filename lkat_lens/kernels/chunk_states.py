@@ -1,0 +1,255 @@
+"""GLA's chunk states and their gradients passed between chunks in parallel: Triton kernels for fla's chunk mode.
+
+fla's chunk GLA carries the state S [K, V] from chunk to chunk in a serial walk, one program per (sequence, head,
+state tile), forward (`chunk_fwd_kernel_h`) and backward (`chunk_bwd_kernel_dh`). Here the same tensors come from
+two parallel steps. With g the chunk-local cumsum of the log gates in log2 units (fla's `g_cumsum`, [B, T, H, K]),
+chunks of BT tokens, NT of them, and d_c[k] = 2^(g at chunk c's last token) the decay across chunk c:
+
+- own terms, every chunk at once (`_own_states_kernel`, `_own_state_grads_kernel`):
+    forward:  x_0 = 0, x_{c+1} = sum_{t in c} (k_t * 2^(g_last(c) - g_t)) v_t^T      (what chunk c adds)
+    backward: x_{NT-1} = 0, x_{c-1} = scale * sum_{t in c} (q_t * 2^(g_t)) do_t^T    (what chunk c asks of S)
+- a scan along the chunks (`_scan_kernel`):
+    forward:  y_0 = x_0,       y_c = d_{c-1} * y_{c-1} + x_c    (h[c]: the state entering chunk c)
+    reverse:  y_{NT-1} = x_{NT-1}, y_c = d_{c+1} * y_{c+1} + x_c    (dh[c]: the gradient of the state after chunk c)
+  each decay broadcast over V. The recurrence is associative ((a1, b1) then (a2, b2) is (a1 a2, b1 a2 + b2)), so a
+  program scans a block of chunks at once with tl.associative_scan and carries its last state into the next block.
+
+h and dh are laid out as fla's ([B, NT, H, K, V]) and feed its other chunk kernels (`kernels.gla_fla`). fla 0.6.0
+has the own-term step too (`chunk_h_parallel`), but in natural log units, which would need a second cumsum of the
+gates, and it sums the terms in another serial walk.
+
+Why: at 2048^2 an LKAT-S batch is two sequences of 16,389 tokens, 257 chunks of 64. fla's walks there ran 48
+programs stepping 257 times: 11.5 ms of a 53 ms training step on an H200. Here the own terms take 45-55 us a call and
+the scan 52-67 us (H100; bandwidth alone would allow about 45 and 30): chunk mode's forward + backward of one layer
+went 2.25 -> 1.67 ms at that shape on an H100 (`bench_gla.py --states-lengths`), and less than fla's walks wherever
+T is over ~3,000 tokens at LKAT-S's tokens per batch. On CUDA the kernels are autotuned; with TRITON_INTERPRET=1 in
+the environment before triton is first imported they run on CPU tensors with fixed tiles.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+
+import torch
+import triton
+import triton.language as tl
+
+from .tuned import TunedKernel
+
+INTERPRET = os.environ.get("TRITON_INTERPRET", "0") == "1"
+_INTERP_TILE = {"BE": 64, "BC": 4}  # small blocks under the interpreter, so the tests cross several of them
+_INTERP_STATE_TILE = {"BK": 16, "BV": 16}
+
+
+def _compute_dtype(x: torch.Tensor) -> torch.dtype:
+    return torch.float64 if x.dtype == torch.float64 else torch.float32
+
+
+def _last_tokens(T: int, chunk_size: int, device: torch.device) -> torch.Tensor:
+    """Index of each chunk's last token."""
+    return (torch.arange(1, triton.cdiv(T, chunk_size) + 1, device=device) * chunk_size).clamp(max=T) - 1
+
+
+def own_states_reference(k: torch.Tensor, v: torch.Tensor, g: torch.Tensor, chunk_size: int) -> torch.Tensor:
+    """The forward own terms x of the module docstring, [B, NT, H, K, V] in fp32 (fp64 for fp64 inputs)."""
+    dtype = _compute_dtype(k)
+    B, T, H, K = k.shape
+    NT = triton.cdiv(T, chunk_size)
+    x = k.new_zeros(B, NT, H, K, v.shape[-1], dtype=dtype)
+    g_last = g[:, _last_tokens(T, chunk_size, k.device)].to(dtype)
+    for c in range(NT - 1):
+        rows = slice(c * chunk_size, (c + 1) * chunk_size)
+        kd = k[:, rows].to(dtype) * torch.exp2(g_last[:, c : c + 1] - g[:, rows].to(dtype))
+        x[:, c + 1] = torch.einsum("bthk,bthv->bhkv", kd, v[:, rows].to(dtype))
+    return x
+
+
+def own_state_grads_reference(
+    q: torch.Tensor, do: torch.Tensor, g: torch.Tensor, scale: float, chunk_size: int
+) -> torch.Tensor:
+    """The backward own terms x of the module docstring, [B, NT, H, K, V] in fp32 (fp64 for fp64 inputs)."""
+    dtype = _compute_dtype(q)
+    B, T, H, K = q.shape
+    NT = triton.cdiv(T, chunk_size)
+    x = q.new_zeros(B, NT, H, K, do.shape[-1], dtype=dtype)
+    for c in range(1, NT):
+        rows = slice(c * chunk_size, (c + 1) * chunk_size)
+        qd = q[:, rows].to(dtype) * torch.exp2(g[:, rows].to(dtype)) * scale
+        x[:, c - 1] = torch.einsum("bthk,bthv->bhkv", qd, do[:, rows].to(dtype))
+    return x
+
+
+def scan_reference(x: torch.Tensor, g: torch.Tensor, chunk_size: int, reverse: bool = False) -> torch.Tensor:
+    """The scan y of the module docstring, one chunk at a time, in x's dtype (fp32 compute, fp64 for fp64 x)."""
+    dtype = _compute_dtype(x)
+    NT = x.shape[1]
+    decay = torch.exp2(g[:, _last_tokens(g.shape[1], chunk_size, x.device)].to(dtype)).unsqueeze(-1)
+    y = torch.empty_like(x, dtype=dtype)
+    prev = None
+    for c in range(NT - 1, -1, -1) if reverse else range(NT):
+        y[:, c] = x[:, c].to(dtype) if prev is None else decay[:, prev] * y[:, prev] + x[:, c].to(dtype)
+        prev = c
+    return y.to(x.dtype)
+
+
+@triton.jit
+def _chunk_tile(ptr, i_b, i_h, o_t, m_t, o_d, T, H: tl.constexpr, D: tl.constexpr):
+    """[BD, BT] tile (channels o_d, tokens o_t) of a [B, T, H, D] tensor, zero where masked."""
+    p = ptr + ((i_b * T + o_t).to(tl.int64) * H + i_h)[None, :] * D + o_d[:, None]
+    return tl.load(p, mask=m_t[None, :] & (o_d < D)[:, None], other=0.0)
+
+
+@triton.jit
+def _own_states_kernel(k, v, g, x, T, NT, H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr,
+                       BK: tl.constexpr, BV: tl.constexpr):  # fmt: skip
+    """x[c + 1] of chunk c (x[0] = 0 from chunk 0's programs) for one (K, V) tile of one (sequence, head)."""
+    i_kv, i_c, i_bh = tl.program_id(0), tl.program_id(1), tl.program_id(2)
+    i_k, i_v = i_kv // tl.cdiv(V, BV), i_kv % tl.cdiv(V, BV)
+    i_b, i_h = i_bh // H, i_bh % H
+    o_t = i_c * BT + tl.arange(0, BT)
+    m_t = o_t < T
+    o_k, o_v = i_k * BK + tl.arange(0, BK), i_v * BV + tl.arange(0, BV)
+    m_kv = (o_k < K)[:, None] & (o_v < V)[None, :]
+    if i_c == 0:
+        o_x = ((i_b * NT).to(tl.int64) * H + i_h) * (K * V) + o_k[:, None] * V + o_v[None, :]
+        tl.store(x + o_x, tl.zeros([BK, BV], dtype=tl.float32), mask=m_kv)
+    if i_c < NT - 1:
+        last = tl.minimum((i_c + 1) * BT, T) - 1
+        g_last = tl.load(g + ((i_b * T + last).to(tl.int64) * H + i_h) * K + o_k, mask=o_k < K, other=0.0)
+        b_g = _chunk_tile(g, i_b, i_h, o_t, m_t, o_k, T, H, K)
+        b_k = _chunk_tile(k, i_b, i_h, o_t, m_t, o_k, T, H, K)
+        b_k = tl.where(m_t[None, :], b_k * tl.exp2(g_last[:, None] - b_g), 0.0).to(k.dtype.element_ty)
+        b_v = tl.trans(_chunk_tile(v, i_b, i_h, o_t, m_t, o_v, T, H, V))
+        o_x = ((i_b * NT + i_c + 1).to(tl.int64) * H + i_h) * (K * V) + o_k[:, None] * V + o_v[None, :]
+        tl.store(x + o_x, tl.dot(b_k, b_v), mask=m_kv)
+
+
+@triton.jit
+def _own_state_grads_kernel(q, do, g, x, scale, T, NT, H: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
+                            BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr):  # fmt: skip
+    """x[c - 1] of chunk c (x[NT - 1] = 0 from the last chunk's programs) for one (K, V) tile."""
+    i_kv, i_c, i_bh = tl.program_id(0), tl.program_id(1), tl.program_id(2)
+    i_k, i_v = i_kv // tl.cdiv(V, BV), i_kv % tl.cdiv(V, BV)
+    i_b, i_h = i_bh // H, i_bh % H
+    o_t = i_c * BT + tl.arange(0, BT)
+    m_t = o_t < T
+    o_k, o_v = i_k * BK + tl.arange(0, BK), i_v * BV + tl.arange(0, BV)
+    m_kv = (o_k < K)[:, None] & (o_v < V)[None, :]
+    if i_c == NT - 1:
+        o_x = ((i_b * NT + NT - 1).to(tl.int64) * H + i_h) * (K * V) + o_k[:, None] * V + o_v[None, :]
+        tl.store(x + o_x, tl.zeros([BK, BV], dtype=tl.float32), mask=m_kv)
+    if i_c > 0:
+        b_g = _chunk_tile(g, i_b, i_h, o_t, m_t, o_k, T, H, K)
+        b_q = _chunk_tile(q, i_b, i_h, o_t, m_t, o_k, T, H, K)
+        b_q = tl.where(m_t[None, :], b_q * tl.exp2(b_g) * scale, 0.0).to(q.dtype.element_ty)
+        b_do = tl.trans(_chunk_tile(do, i_b, i_h, o_t, m_t, o_v, T, H, V))
+        o_x = ((i_b * NT + i_c - 1).to(tl.int64) * H + i_h) * (K * V) + o_k[:, None] * V + o_v[None, :]
+        tl.store(x + o_x, tl.dot(b_q, b_do), mask=m_kv)
+
+
+@triton.jit
+def _linear_step(a1, b1, a2, b2):
+    """Two steps y -> a y + b, the first then the second, as one."""
+    return a1 * a2, b1 * a2 + b2
+
+
+@triton.jit
+def _scan_block(x, g, start, i_b, i_h, o_e, o_k, m_e, T, NT, H: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
+                BT: tl.constexpr, BC: tl.constexpr, REVERSE: tl.constexpr):  # fmt: skip
+    """(decays a, terms b, their offsets, mask) of the BC scan positions from `start`: [BC, BE] tiles."""
+    i = start + tl.arange(0, BC)  # scan position
+    c = NT - 1 - i if REVERSE else i  # its chunk
+    n = c + 1 if REVERSE else c - 1  # the chunk whose decay carries its state into chunk c
+    m_c = i < NT
+    last = (tl.minimum((n + 1) * BT, T) - 1).to(tl.int64)
+    p_g = g + ((i_b * T + last) * H + i_h)[:, None] * K + o_k[None, :]
+    a = tl.exp2(tl.load(p_g, mask=(m_c & (i > 0))[:, None] & m_e[None, :], other=float("-inf")))
+    o_x = ((i_b * NT + c).to(tl.int64) * H + i_h)[:, None] * (K * V) + o_e[None, :]
+    m_x = m_c[:, None] & m_e[None, :]
+    return a, tl.load(x + o_x, mask=m_x, other=0.0).to(tl.float32), o_x, m_x
+
+
+@triton.jit
+def _scan_kernel(x, g, y, T, NT, H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr,
+                 BE: tl.constexpr, BC: tl.constexpr, REVERSE: tl.constexpr):  # fmt: skip
+    """y for BE state elements (k, v flattened) of one (sequence, head), through all NT chunks in blocks of BC; each
+    block's loads are issued before the previous block is scanned (their latency hidden behind its work)."""
+    i_e, i_bh = tl.program_id(0), tl.program_id(1)
+    i_b, i_h = i_bh // H, i_bh % H
+    o_e = i_e * BE + tl.arange(0, BE)
+    m_e = o_e < K * V
+    o_k = o_e // V
+    carry = tl.zeros([BE], dtype=tl.float32)
+    a, b, o_x, m_x = _scan_block(x, g, 0, i_b, i_h, o_e, o_k, m_e, T, NT, H, K, V, BT, BC, REVERSE)
+    for start in range(BC, NT + BC, BC):
+        a_next, b_next, o_next, m_next = _scan_block(x, g, start, i_b, i_h, o_e, o_k, m_e, T, NT, H, K, V, BT, BC,
+                                                     REVERSE)  # fmt: skip
+        a_cum, b_cum = tl.associative_scan((a, b), 0, _linear_step)
+        out = a_cum * carry[None, :] + b_cum
+        tl.store(y + o_x, out.to(y.dtype.element_ty), mask=m_x)
+        carry = tl.sum(tl.where((tl.arange(0, BC) == BC - 1)[:, None], out, 0.0), axis=0)
+        a, b, o_x, m_x = a_next, b_next, o_next, m_next
+
+
+# Autotuned: (element tile, chunk block, warps) for the scan, keyed on NT too (its best tile follows the program
+# count); (K tile, V tile, warps) for the own terms. A scan tile of 128 elements a warp (4 a lane) keeps each
+# column's chunks in one thread, a scan without shuffles; the H100 chose (64, 16, 1) at 257 chunks, (128, 8, 1) at 65.
+_SCAN_CONFIGS = ((32, 32, 1), (64, 16, 1), (64, 32, 2), (128, 8, 1), (128, 16, 1), (256, 16, 2))
+_STATE_CONFIGS = ((32, 32, 2), (32, 64, 4), (64, 64, 4), (64, 64, 8))
+
+
+@functools.cache
+def _autotuned(name: str) -> TunedKernel:
+    """The CUDA kernel `name` ("scan", "states", "grads") autotuned over its configs."""
+    if name == "scan":
+        configs = [triton.Config({"BE": be, "BC": bc}, num_warps=w) for be, bc, w in _SCAN_CONFIGS]
+        return TunedKernel(triton.autotune(configs, key=["K", "V", "BT", "REVERSE", "NT"])(_scan_kernel))
+    configs = [triton.Config({"BK": bk, "BV": bv}, num_warps=w) for bk, bv, w in _STATE_CONFIGS]
+    kernel = _own_states_kernel if name == "states" else _own_state_grads_kernel
+    return TunedKernel(triton.autotune(configs, key=["K", "V", "BT"])(kernel))
+
+
+def scan(x: torch.Tensor, g: torch.Tensor, chunk_size: int, reverse: bool = False, out_dtype=None) -> torch.Tensor:
+    """y of the module docstring for x [B, NT, H, K, V] and g [B, T, H, K] (contiguous, on CUDA or under the
+    interpreter), a new tensor in out_dtype (x's by default; never in place: the autotuner runs the kernel again)."""
+    B, NT, H, K, V = x.shape
+    T = g.shape[1]
+    if g.shape != (B, T, H, K) or NT != triton.cdiv(T, chunk_size):
+        raise ValueError(f"chunk states {tuple(x.shape)} do not fit gates {tuple(g.shape)} in chunks of {chunk_size}")
+    y = torch.empty_like(x, dtype=out_dtype or x.dtype)
+    args = (x, g, y, T, NT, H, K, V, chunk_size)
+    if INTERPRET:
+        _scan_kernel[(triton.cdiv(K * V, _INTERP_TILE["BE"]), B * H)](*args, **_INTERP_TILE, REVERSE=reverse)
+    else:
+        _autotuned("scan")[lambda m: (triton.cdiv(K * V, m["BE"]), B * H)](*args, REVERSE=reverse)
+    return y
+
+
+def _own_terms(name: str, a: torch.Tensor, b: torch.Tensor, g: torch.Tensor, chunk_size: int, *scale) -> torch.Tensor:
+    """The own terms [B, NT, H, K, V] (fp32) of kernel `name` from a [B, T, H, K] and b [B, T, H, V]."""
+    if a.shape != g.shape or b.shape[:3] != g.shape[:3] or chunk_size < 16:
+        raise ValueError(f"{tuple(a.shape)}, {tuple(b.shape)} and gates {tuple(g.shape)} do not fit chunks of "
+                         f"{chunk_size} (tl.dot needs 16 or more)")  # fmt: skip
+    B, T, H, K, V = *a.shape, b.shape[-1]
+    NT = triton.cdiv(T, chunk_size)
+    x = a.new_empty(B, NT, H, K, V, dtype=torch.float)
+    args = (a, b, g, x, *scale, T, NT, H, K, V, chunk_size)
+    if INTERPRET:
+        tile = _INTERP_STATE_TILE
+        kernel = _own_states_kernel if name == "states" else _own_state_grads_kernel
+        kernel[(triton.cdiv(K, tile["BK"]) * triton.cdiv(V, tile["BV"]), NT, B * H)](*args, **tile)
+    else:
+        grid = lambda m: (triton.cdiv(K, m["BK"]) * triton.cdiv(V, m["BV"]), NT, B * H)  # noqa: E731
+        _autotuned(name)[grid](*args)
+    return x
+
+
+def states(k: torch.Tensor, v: torch.Tensor, g: torch.Tensor, chunk_size: int, dtype=None) -> torch.Tensor:
+    """h [B, NT, H, K, V]: the state entering each chunk, in dtype (fp32 by default)."""
+    return scan(_own_terms("states", k, v, g, chunk_size), g, chunk_size, out_dtype=dtype)
+
+
+def state_grads(q: torch.Tensor, do: torch.Tensor, g: torch.Tensor, scale: float, chunk_size: int) -> torch.Tensor:
+    """dh [B, NT, H, K, V] in fp32: the gradient of the state after each chunk (fla's chunk_bwd_dh)."""
+    return scan(_own_terms("grads", q, do, g, chunk_size, scale), g, chunk_size, reverse=True)
