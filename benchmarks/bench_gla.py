@@ -189,19 +189,22 @@ def states_sweep(args: argparse.Namespace) -> list[dict]:
     return rows
 
 
-def print_states(rows: list[dict]) -> None:
-    """The state-passing sweep as markdown, and the shortest T from which parallel passing won at every longer T."""
+def print_comparison(rows: list[dict], base: str, other: str) -> None:
+    """A sweep's rows as markdown: `other` against `base`, forward and forward + backward (graph ms)."""
     print(
-        "\n| T | batch | serial fwd ms | parallel fwd ms | fwd: parallel × serial | serial fwd+bwd ms "
-        "| parallel fwd+bwd ms | fwd+bwd: parallel × serial |"
+        f"\n| T | batch | {base} fwd ms | {other} fwd ms | fwd: {other} × {base} | {base} fwd+bwd ms "
+        f"| {other} fwd+bwd ms | fwd+bwd: {other} × {base} |"
     )
     print("|---|---|---|---|---|---|---|---|")
     for r in rows:
-        print(
-            f"| {r['T']} | {r['batch']} | {r['serial_fwd_ms']:.3f} | {r['parallel_fwd_ms']:.3f} | "
-            f"{r['parallel_fwd_ms'] / r['serial_fwd_ms']:.2f}× | {r['serial_fwd_bwd_ms']:.3f} | "
-            f"{r['parallel_fwd_bwd_ms']:.3f} | {r['parallel_fwd_bwd_ms'] / r['serial_fwd_bwd_ms']:.2f}× |"
-        )
+        cells = [f"{r[f'{name}_{what}_ms']:.3f}" for what in ("fwd", "fwd_bwd") for name in (base, other)]
+        ratios = [f"{r[f'{other}_{what}_ms'] / r[f'{base}_{what}_ms']:.2f}×" for what in ("fwd", "fwd_bwd")]
+        print(f"| {r['T']} | {r['batch']} | {' | '.join([*cells[:2], ratios[0], *cells[2:], ratios[1]])} |")
+
+
+def print_states(rows: list[dict]) -> None:
+    """The state-passing sweep as markdown, and the shortest T from which parallel passing won at every longer T."""
+    print_comparison(rows, "serial", "parallel")
     for what in ("fwd_bwd", "fwd"):
         wins = {r["T"]: r[f"parallel_{what}_ms"] < r[f"serial_{what}_ms"] for r in rows}
         from_t = min((t for t in wins if all(won for u, won in wins.items() if u >= t)), default=None)
@@ -210,17 +213,7 @@ def print_states(rows: list[dict]) -> None:
 
 def print_lengths(rows: list[dict]) -> None:
     """The length sweep as markdown, and the longest T at which "short" beat "chunk" (training and forward only)."""
-    print(
-        "\n| T | batch | chunk fwd ms | short fwd ms | fwd: short × chunk | chunk fwd+bwd ms | short fwd+bwd ms "
-        "| fwd+bwd: short × chunk |"
-    )
-    print("|---|---|---|---|---|---|---|---|")
-    for r in rows:
-        print(
-            f"| {r['T']} | {r['batch']} | {r['chunk_fwd_ms']:.3f} | {r['short_fwd_ms']:.3f} | "
-            f"{r['short_fwd_ms'] / r['chunk_fwd_ms']:.2f}× | {r['chunk_fwd_bwd_ms']:.3f} | "
-            f"{r['short_fwd_bwd_ms']:.3f} | {r['short_fwd_bwd_ms'] / r['chunk_fwd_bwd_ms']:.2f}× |"
-        )
+    print_comparison(rows, "chunk", "short")
     for what in ("fwd_bwd", "fwd"):
         faster = [r["T"] for r in rows if r[f"short_{what}_ms"] < r[f"chunk_{what}_ms"]]
         print(f"longest T where short's {what} beat chunk's: {max(faster) if faster else 'none'}")

@@ -101,19 +101,31 @@ def _chunk_tile(ptr, i_b, i_h, o_t, m_t, o_d, T, H: tl.constexpr, D: tl.constexp
 
 
 @triton.jit
+def _own_term_program(T, H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr,
+                      BV: tl.constexpr):  # fmt: skip
+    """This program's chunk, sequence, head, tokens (offsets, mask) and state tile (K and V offsets, mask)."""
+    i_kv, i_c, i_bh = tl.program_id(0), tl.program_id(1), tl.program_id(2)
+    i_k, i_v = i_kv // tl.cdiv(V, BV), i_kv % tl.cdiv(V, BV)
+    o_t = i_c * BT + tl.arange(0, BT)
+    o_k, o_v = i_k * BK + tl.arange(0, BK), i_v * BV + tl.arange(0, BV)
+    m_kv = (o_k < K)[:, None] & (o_v < V)[None, :]
+    return i_c, i_bh // H, i_bh % H, o_t, o_t < T, o_k, o_v, m_kv
+
+
+@triton.jit
+def _store_state(x, value, i_b, c, i_h, o_k, o_v, m_kv, NT, H: tl.constexpr, K: tl.constexpr, V: tl.constexpr):
+    """x[i_b, c, i_h] = value on one (K, V) tile of a [B, NT, H, K, V] tensor."""
+    o_x = ((i_b * NT + c).to(tl.int64) * H + i_h) * (K * V) + o_k[:, None] * V + o_v[None, :]
+    tl.store(x + o_x, value, mask=m_kv)
+
+
+@triton.jit
 def _own_states_kernel(k, v, g, x, T, NT, H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr,
                        BK: tl.constexpr, BV: tl.constexpr):  # fmt: skip
     """x[c + 1] of chunk c (x[0] = 0 from chunk 0's programs) for one (K, V) tile of one (sequence, head)."""
-    i_kv, i_c, i_bh = tl.program_id(0), tl.program_id(1), tl.program_id(2)
-    i_k, i_v = i_kv // tl.cdiv(V, BV), i_kv % tl.cdiv(V, BV)
-    i_b, i_h = i_bh // H, i_bh % H
-    o_t = i_c * BT + tl.arange(0, BT)
-    m_t = o_t < T
-    o_k, o_v = i_k * BK + tl.arange(0, BK), i_v * BV + tl.arange(0, BV)
-    m_kv = (o_k < K)[:, None] & (o_v < V)[None, :]
+    i_c, i_b, i_h, o_t, m_t, o_k, o_v, m_kv = _own_term_program(T, H, K, V, BT, BK, BV)
     if i_c == 0:
-        o_x = ((i_b * NT).to(tl.int64) * H + i_h) * (K * V) + o_k[:, None] * V + o_v[None, :]
-        tl.store(x + o_x, tl.zeros([BK, BV], dtype=tl.float32), mask=m_kv)
+        _store_state(x, tl.zeros([BK, BV], dtype=tl.float32), i_b, 0, i_h, o_k, o_v, m_kv, NT, H, K, V)
     if i_c < NT - 1:
         last = tl.minimum((i_c + 1) * BT, T) - 1
         g_last = tl.load(g + ((i_b * T + last).to(tl.int64) * H + i_h) * K + o_k, mask=o_k < K, other=0.0)
@@ -121,31 +133,22 @@ def _own_states_kernel(k, v, g, x, T, NT, H: tl.constexpr, K: tl.constexpr, V: t
         b_k = _chunk_tile(k, i_b, i_h, o_t, m_t, o_k, T, H, K)
         b_k = tl.where(m_t[None, :], b_k * tl.exp2(g_last[:, None] - b_g), 0.0).to(k.dtype.element_ty)
         b_v = tl.trans(_chunk_tile(v, i_b, i_h, o_t, m_t, o_v, T, H, V))
-        o_x = ((i_b * NT + i_c + 1).to(tl.int64) * H + i_h) * (K * V) + o_k[:, None] * V + o_v[None, :]
-        tl.store(x + o_x, tl.dot(b_k, b_v), mask=m_kv)
+        _store_state(x, tl.dot(b_k, b_v), i_b, i_c + 1, i_h, o_k, o_v, m_kv, NT, H, K, V)
 
 
 @triton.jit
 def _own_state_grads_kernel(q, do, g, x, scale, T, NT, H: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
                             BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr):  # fmt: skip
     """x[c - 1] of chunk c (x[NT - 1] = 0 from the last chunk's programs) for one (K, V) tile."""
-    i_kv, i_c, i_bh = tl.program_id(0), tl.program_id(1), tl.program_id(2)
-    i_k, i_v = i_kv // tl.cdiv(V, BV), i_kv % tl.cdiv(V, BV)
-    i_b, i_h = i_bh // H, i_bh % H
-    o_t = i_c * BT + tl.arange(0, BT)
-    m_t = o_t < T
-    o_k, o_v = i_k * BK + tl.arange(0, BK), i_v * BV + tl.arange(0, BV)
-    m_kv = (o_k < K)[:, None] & (o_v < V)[None, :]
+    i_c, i_b, i_h, o_t, m_t, o_k, o_v, m_kv = _own_term_program(T, H, K, V, BT, BK, BV)
     if i_c == NT - 1:
-        o_x = ((i_b * NT + NT - 1).to(tl.int64) * H + i_h) * (K * V) + o_k[:, None] * V + o_v[None, :]
-        tl.store(x + o_x, tl.zeros([BK, BV], dtype=tl.float32), mask=m_kv)
+        _store_state(x, tl.zeros([BK, BV], dtype=tl.float32), i_b, NT - 1, i_h, o_k, o_v, m_kv, NT, H, K, V)
     if i_c > 0:
         b_g = _chunk_tile(g, i_b, i_h, o_t, m_t, o_k, T, H, K)
         b_q = _chunk_tile(q, i_b, i_h, o_t, m_t, o_k, T, H, K)
         b_q = tl.where(m_t[None, :], b_q * tl.exp2(b_g) * scale, 0.0).to(q.dtype.element_ty)
         b_do = tl.trans(_chunk_tile(do, i_b, i_h, o_t, m_t, o_v, T, H, V))
-        o_x = ((i_b * NT + i_c - 1).to(tl.int64) * H + i_h) * (K * V) + o_k[:, None] * V + o_v[None, :]
-        tl.store(x + o_x, tl.dot(b_q, b_do), mask=m_kv)
+        _store_state(x, tl.dot(b_q, b_do), i_b, i_c - 1, i_h, o_k, o_v, m_kv, NT, H, K, V)
 
 
 @triton.jit
