@@ -144,9 +144,12 @@ def test_fla_gla_op_on_cpu_matches_the_recurrence(gla_inputs):
     grads_ref = torch.autograd.grad(o_ref, (q, k, v, gk), do)
     assert rel_norm(o, o_ref) < 1e-12
     assert all(rel_norm(a, b) < 1e-10 for a, b in zip(grads, grads_ref, strict=True))
-    real = gla_fla._fla_gla_backward_op(*gla_inputs, do, 0.3, "chunk")
+    kept = gla_fla._fla_gla_op(*gla_inputs, 0.3, "chunk")[1:]  # nothing on the CPU: two empty tensors
+    assert [t.numel() for t in kept] == [0, 0]
+    real = gla_fla._fla_gla_backward_op(*gla_inputs, *kept, do, 0.3, "chunk")
     with torch._subclasses.fake_tensor.FakeTensorMode() as mode:
-        fake = gla_fla._fla_gla_backward_op(*(mode.from_tensor(t) for t in (*gla_inputs, do)), 0.3, "chunk")
+        fake_args = (mode.from_tensor(t) for t in (*gla_inputs, *kept, do))
+        fake = gla_fla._fla_gla_backward_op(*fake_args, 0.3, "chunk")
     assert [(t.shape, t.dtype) for t in fake] == [(t.shape, t.dtype) for t in real]
     with pytest.raises(ValueError, match="unknown fla GLA mode"):
         gla_fla.fla_gla(q, k, v, gk, 0.3, "short")

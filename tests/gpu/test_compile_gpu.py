@@ -37,8 +37,8 @@ def outputs_and_grads(fn, inputs: list[torch.Tensor], do: torch.Tensor) -> list[
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("mode", gla_fla.MODES)
 def test_fla_op_matches_fla_autograd_and_the_recurrence(mode, dtype):
-    """The op's forward and backward (our recomputation of A and the gate cumsum for chunk) equal fla's own
-    autograd function, and are as close to the fp64 recurrence as fla is."""
+    """The op's forward and backward (chunk: fla's A and gate cumsum kept from the forward, as fla keeps them) equal
+    fla's own autograd function, and are as close to the fp64 recurrence as fla is."""
     if mode == "chunk" and dtype == torch.float32:
         pytest.skip("fla 0.6.0's chunk_gla faults on fp32 inputs (kernels/gla.py)")
     from fla.ops.gla import chunk_gla, fused_recurrent_gla
