@@ -7,10 +7,9 @@ gradients in their operand's dtype). q, k, v and gk are saved, and in chunk mode
 keeps from its forward too: the chunk-local gate cumsum g_cumsum and the intra-chunk scores A (fp32, [B, T, H, K]
 and [B, T, H, chunk]), which the forward op returns beside o (not differentiable). Recomputing them instead (as
 before) took 2.6 ms more of an LKAT-S training step's kernel time at 2048^2 (45.4 against 42.8 ms, H200) for 528
-MiB less per image (3,986 against 4,514; ViT-S 2,936). The chunk backward
-runs fla's `chunk_gla_bwd`, which recomputes the chunk states as fla's own backward does. The fused-recurrent
-backward is fla's `fused_recurrent_bwd` (its saved output is read only for gv, which GLA has not). The functions
-called are those of fla 0.6.0.
+MiB less per image (3,986 against 4,514; ViT-S 2,936). The chunk backward runs fla's `chunk_gla_bwd`, which
+recomputes the chunk states as fla's own backward does. The fused-recurrent backward is fla's `fused_recurrent_bwd`
+(its saved output is read only for gv, which GLA has not). The functions called are those of fla 0.6.0.
 
 Chunk states: `chunk_gla` passes the state from chunk to chunk in one serial walk per (sequence, head, state
 tile), forward (`chunk_fwd_kernel_h`) and backward (`chunk_bwd_kernel_dh`). At high resolution the batch is small
