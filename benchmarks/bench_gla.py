@@ -8,10 +8,10 @@ Each GLA row also gets its largest error against the fp64 recurrence (on a small
 twice: called from Python (the host's dispatch included, which at these sizes is most of it) and replayed as a CUDA
 graph (the GPU's time, as in a model trained under CUDA graphs); the ratios to SDPA are the graph times'.
 Writes JSON and prints a markdown table. --lengths adds a sweep of chunk against short over T, --states-lengths one
-of chunk mode's two ways of passing states between chunks (serial walks or fla's parallel state passing, see
-`kernels.gla_fla`), both at the same tokens per batch:
+of chunk mode's two ways of passing states between chunks (fla's serial walks, or in parallel by
+`kernels.chunk_states`; `kernels.gla_fla.PARALLEL_STATES_MIN_T` chooses), both at the same tokens per batch:
 
-    python benchmarks/bench_gla.py --states-lengths 1024 2048 4096 8192 16384 --out ...
+    python benchmarks/bench_gla.py --iters 10 --states-lengths 16389 8197 4101 3077 2053 1029 --out ...
 """
 
 from __future__ import annotations
