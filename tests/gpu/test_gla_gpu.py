@@ -75,8 +75,8 @@ def test_dispatcher_matches_recurrence(mode: str, dtype: torch.dtype, T: int) ->
 @pytest.mark.parametrize(("T", "B"), [(17, 3), (64, 2), (201, 2), (1000, 2), (4100, 1)])
 @pytest.mark.parametrize("states", ["serial", "parallel"])
 def test_chunk_state_passing_matches_recurrence(states: str, T: int, B: int, monkeypatch) -> None:
-    """Chunk mode passing states serially (chunk_gla) and in parallel (fla's chunk_h_parallel with gla's other
-    kernels) at every T, ragged last chunks and 65 chunks in one sequence included."""
+    """Chunk mode passing states serially (fla's chunk kernels alone) and in parallel (kernels.chunk_states with
+    fla's other chunk kernels) at every T, ragged last chunks and 65 chunks in one sequence included."""
     monkeypatch.setattr(gla_fla, "PARALLEL_STATES_MIN_T", 0 if states == "parallel" else T + 1)
     assert gla_fla.parallel_states(T) == (states == "parallel")
     check_against_recurrence("chunk", T, torch.bfloat16, B=B)
