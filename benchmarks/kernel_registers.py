@@ -3,7 +3,7 @@
     python benchmarks/kernel_registers.py --out benchmarks/results/kernel_registers.json
 
 Each kernel is launched the way the model launches it (the launchers of lkat_lens.kernels, on CPU tensors of an LKAT
-layer's shapes: 201 tokens, heads of 64, bf16), but the launch is caught before it reaches a device: every
+layer's shapes: 201 tokens, heads of 64, bf16; chunk mode's parallel state passing at 2048^2's 16,389 tokens), but the launch is caught before it reaches a device: every
 configuration its autotuner would try is compiled for the architecture (`--arch`, default 90: H100 / H200) by
 Triton's compiler, and the ptxas that Triton ships reports (`ptxas -v`) the registers, stack frame and spill bytes
 per thread. So a kernel variant's register pressure, which decides how many programs share an SM and how much goes
@@ -32,7 +32,7 @@ from triton.compiler import ASTSource, make_backend
 from triton.runtime.autotuner import Autotuner
 from triton.runtime.jit import JITFunction, create_function_from_signature
 
-from lkat_lens.kernels import gated_norm, gla_input, gla_short
+from lkat_lens.kernels import chunk_states, gated_norm, gla_input, gla_short
 
 PTXAS = Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "ptxas"
 USAGE = {
@@ -99,7 +99,7 @@ def config_label(config: triton.Config | None, kwargs: dict) -> dict:
 
 def measure(name: str, launcher: Callable[[], object], arch: int) -> list[dict]:
     """One row per (kernel launched by `launcher`, autotuning configuration): its registers and spills."""
-    if gla_short.INTERPRET or gla_input.INTERPRET:
+    if gla_short.INTERPRET or gla_input.INTERPRET or chunk_states.INTERPRET:
         raise RuntimeError("TRITON_INTERPRET=1 runs the kernels on the CPU instead of compiling them: unset it")
     with caught_launches() as launches:
         launcher()
@@ -138,13 +138,27 @@ def lkat_layer(T: int = 201, heads: int = 6, head_dim: int = 64) -> dict[str, Ca
     }
 
 
+def lkat_high_resolution(T: int = 16389, batch: int = 2, heads: int = 6, head_dim: int = 64) -> dict[str, Callable]:
+    """The launchers of chunk mode's parallel state passing (kernels.chunk_states) on CPU tensors of LKAT-S's shapes
+    at 2048^2 (two images of 16,389 tokens, 257 chunks of 64): own terms forward and backward, the scan both ways."""
+    q, k, v, do = (torch.randn(batch, T, heads, head_dim, dtype=torch.bfloat16) for _ in range(4))
+    g = torch.zeros(batch, T, heads, head_dim)
+    x = torch.zeros(batch, triton.cdiv(T, 64), heads, head_dim, head_dim)
+    return {
+        "chunk_states own states": lambda: chunk_states._own_terms("states", k, v, g, 64),
+        "chunk_states own state grads": lambda: chunk_states._own_terms("grads", q, do, g, 64, 0.125),
+        "chunk_states scan": lambda: chunk_states.scan(x, g, 64),
+        "chunk_states scan reverse": lambda: chunk_states.scan(x, g, 64, reverse=True),
+    }
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--arch", type=int, default=90, help="CUDA compute capability x 10 (90: H100, H200)")
     parser.add_argument("--cases", nargs="*", default=None, help="a subset of the cases (default: all)")
     parser.add_argument("--out", type=Path, default=None)
     args = parser.parse_args()
-    cases = lkat_layer()
+    cases = lkat_layer() | lkat_high_resolution()
     env = environment() | {"arch": f"sm_{args.arch}", "ptxas": str(PTXAS.name)}
     rows = []
     for name in args.cases or list(cases):

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from lkat_lens.kernels import gated_norm, gla_short
+from lkat_lens.kernels import chunk_states, gated_norm, gla_short
 
 BENCHMARKS = Path(__file__).resolve().parents[1] / "benchmarks"
 
@@ -54,4 +54,15 @@ def test_output_path_kernels_fit_their_registers(tool) -> None:
     for case in ("gated_norm forward", "gated_norm backward"):
         rows = tool.measure(case, layer[case], arch=90)
         assert len(rows) == len(gated_norm._CONFIGS), rows
+        assert all(row["spill_store_bytes"] == 0 and row["regs"] <= 255 for row in rows), rows
+
+
+def test_chunk_state_kernels_fit_their_registers(tool) -> None:
+    """Every configuration the parallel chunk states' autotuners try (own terms both ways, the scan both ways)
+    compiles for sm_90 without spilling, at LKAT-S's 2048^2 shapes (257 chunks)."""
+    cases = tool.lkat_high_resolution(T=16389, batch=1)
+    configs = {"scan": chunk_states._SCAN_CONFIGS, "own": chunk_states._STATE_CONFIGS}
+    for case, launcher in cases.items():
+        rows = tool.measure(case, launcher, arch=90)
+        assert len(rows) == len(configs["scan" if "scan" in case else "own"]), rows
         assert all(row["spill_store_bytes"] == 0 and row["regs"] <= 255 for row in rows), rows
