@@ -6,10 +6,10 @@ Each kernel is launched the way the model launches it (the launchers of lkat_len
 layer's shapes: 201 tokens, heads of 64, bf16; chunk mode's parallel state passing at 2048^2's 16,389 tokens), but the
 launch is caught before it reaches a device: every configuration its autotuner would try is compiled for the
 architecture (`--arch`, default 90: H100 / H200) by Triton's compiler, and the ptxas that Triton ships reports
-(`ptxas -v`) the registers, stack frame and spill bytes per thread. So a kernel variant's register pressure, which decides how
-many programs share an SM and how much goes to local memory, is known before device time is spent on it; its time is not
-(bench_gla_registers.py and bench_gla.py measure that on the GPU). The catching uses Triton's launch internals as of
-Triton 3.8 (this project's CPU machine).
+(`ptxas -v`) the registers, stack frame and spill bytes per thread. So a kernel variant's register pressure, which
+decides how many programs share an SM and how much goes to local memory, is known before device time is spent on it;
+its time is not (bench_gla_registers.py and bench_gla.py measure that on the GPU). The catching uses Triton's launch
+internals as of Triton 3.8 (this project's CPU machine).
 """
 
 from __future__ import annotations
