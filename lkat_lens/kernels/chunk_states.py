@@ -203,6 +203,7 @@ def _scan_kernel(x, g, y, T, NT, H: tl.constexpr, K: tl.constexpr, V: tl.constex
 # so they are left out; the H100 and H200 chose (64, 16, 1) or (128, 8, 1) at 65 and 257 chunks.
 _SCAN_CONFIGS = ((32, 32, 1), (64, 16, 1), (64, 32, 2), (128, 8, 1))
 _STATE_CONFIGS = ((32, 32, 2), (32, 64, 4), (64, 64, 4), (64, 64, 8))
+_OWN_KERNELS = {"states": _own_states_kernel, "grads": _own_state_grads_kernel}
 
 
 @functools.cache
@@ -212,8 +213,7 @@ def _autotuned(name: str) -> TunedKernel:
         configs = [triton.Config({"BE": be, "BC": bc}, num_warps=w) for be, bc, w in _SCAN_CONFIGS]
         return TunedKernel(triton.autotune(configs, key=["K", "V", "BT", "REVERSE", "NT"])(_scan_kernel))
     configs = [triton.Config({"BK": bk, "BV": bv}, num_warps=w) for bk, bv, w in _STATE_CONFIGS]
-    kernel = _own_states_kernel if name == "states" else _own_state_grads_kernel
-    return TunedKernel(triton.autotune(configs, key=["K", "V", "BT"])(kernel))
+    return TunedKernel(triton.autotune(configs, key=["K", "V", "BT"])(_OWN_KERNELS[name]))
 
 
 def scan(x: torch.Tensor, g: torch.Tensor, chunk_size: int, reverse: bool = False, out_dtype=None) -> torch.Tensor:
@@ -225,10 +225,11 @@ def scan(x: torch.Tensor, g: torch.Tensor, chunk_size: int, reverse: bool = Fals
         raise ValueError(f"chunk states {tuple(x.shape)} do not fit gates {tuple(g.shape)} in chunks of {chunk_size}")
     y = torch.empty_like(x, dtype=out_dtype or x.dtype)
     args = (x, g, y, T, NT, H, K, V, chunk_size)
+    grid = lambda m: (triton.cdiv(K * V, m["BE"]), B * H)  # noqa: E731
     if INTERPRET:
-        _scan_kernel[(triton.cdiv(K * V, _INTERP_TILE["BE"]), B * H)](*args, **_INTERP_TILE, REVERSE=reverse)
+        _scan_kernel[grid(_INTERP_TILE)](*args, **_INTERP_TILE, REVERSE=reverse)
     else:
-        _autotuned("scan")[lambda m: (triton.cdiv(K * V, m["BE"]), B * H)](*args, REVERSE=reverse)
+        _autotuned("scan")[grid](*args, REVERSE=reverse)
     return y
 
 
@@ -241,12 +242,10 @@ def _own_terms(name: str, a: torch.Tensor, b: torch.Tensor, g: torch.Tensor, chu
     NT = triton.cdiv(T, chunk_size)
     x = a.new_empty(B, NT, H, K, V, dtype=torch.float)
     args = (a, b, g, x, *scale, T, NT, H, K, V, chunk_size)
+    grid = lambda m: (triton.cdiv(K, m["BK"]) * triton.cdiv(V, m["BV"]), NT, B * H)  # noqa: E731
     if INTERPRET:
-        tile = _INTERP_STATE_TILE
-        kernel = _own_states_kernel if name == "states" else _own_state_grads_kernel
-        kernel[(triton.cdiv(K, tile["BK"]) * triton.cdiv(V, tile["BV"]), NT, B * H)](*args, **tile)
+        _OWN_KERNELS[name][grid(_INTERP_STATE_TILE)](*args, **_INTERP_STATE_TILE)
     else:
-        grid = lambda m: (triton.cdiv(K, m["BK"]) * triton.cdiv(V, m["BV"]), NT, B * H)  # noqa: E731
         _autotuned(name)[grid](*args)
     return x
 

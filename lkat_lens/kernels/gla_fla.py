@@ -26,6 +26,7 @@ from __future__ import annotations
 from typing import Any
 
 import torch
+import triton
 
 from . import chunk_states
 from .autograd_ops import Kernel, differentiable
@@ -49,8 +50,6 @@ def _reference_backward(q, k, v, gk, do, scale) -> tuple[torch.Tensor, ...]:
 
 def _chunk_size(T: int) -> int:
     """fla's chunk size for a sequence of T (ChunkGLAFunction.forward)."""
-    import triton
-
     return min(64, max(16, triton.next_power_of_2(T)))
 
 
