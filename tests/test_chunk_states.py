@@ -50,7 +50,14 @@ STATE_CASES = {
         (2, 70, 2, 16, 32, 16),  # ragged last chunk
         (1, 64, 3, 32, 16, 32),  # whole chunks
         (1, 20, 1, 24, 40, 16),  # head dims off the 16 x 16 tile
+        (2, 300, 2, 16, 16, 128),  # chunks of two token blocks (64 each), the last chunk ragged
+        (1, 200, 1, 32, 16, 256),  # one whole chunk and a ragged one of three blocks and a part
     ]
+}
+# id -> (B, T, H, K, chunk size): the chunk-local log2 cumsum
+CUMSUM_CASES = {
+    f"B{B}-T{T}-H{H}-K{K}-c{c}": (B, T, H, K, c)
+    for B, T, H, K, c in [(2, 37, 3, 16, 16), (1, 200, 2, 24, 64), (2, 300, 1, 8, 256)]
 }
 
 
@@ -100,6 +107,18 @@ def _measure_states(case: tuple) -> dict:
     return {"h": rel_max(h, h_ref), "dh": rel_max(dh, dh_ref), "dtypes": [str(h.dtype), str(dh.dtype)]}
 
 
+def _measure_cumsum(case: tuple) -> dict:
+    """local_cumsum of fp32 and bf16 gates against chunk_cumsum (torch, fp64)."""
+    B, T, H, K, c = case
+    gk = F.logsigmoid(torch.randn(B, T, H, K, generator=torch.Generator().manual_seed(T))) * 0.5
+    errors = {}
+    for dtype in (torch.float32, torch.bfloat16):
+        g = chunk_states.local_cumsum(gk.to(dtype), c)
+        errors[str(dtype)] = rel_max(g, chunk_cumsum(gk.to(dtype).double(), c))
+        errors["layout_ok"] = g.dtype == torch.float32 and g.shape == gk.shape and g.is_contiguous()
+    return errors
+
+
 def _every_tile() -> dict:
     """The scan's error on one case at each (element tile, chunk block) the CUDA autotuner tries."""
     errors, tile = {}, dict(chunk_states._INTERP_TILE)
@@ -118,6 +137,7 @@ def interpreter_measurements() -> dict:
         "scan": {cid: _measure_scan(case) for cid, case in SCAN_CASES.items()},
         "states": {cid: _measure_states(case) for cid, case in STATE_CASES.items()},
         "tiles": _every_tile(),
+        "cumsum": {cid: _measure_cumsum(case) for cid, case in CUMSUM_CASES.items()},
     }
 
 
@@ -143,6 +163,13 @@ def test_states_and_their_gradients_match_fp64_references(interp: dict, case_id:
     measured = interp["states"][case_id]
     assert measured["dtypes"] == ["torch.float32", "torch.float32"], measured
     assert measured["h"] <= TOL["float32"] and measured["dh"] <= TOL["float32"], measured
+
+
+@pytest.mark.parametrize("case_id", list(CUMSUM_CASES))
+def test_local_cumsum_matches_torch(interp: dict, case_id: str) -> None:
+    measured = interp["cumsum"][case_id]
+    assert measured["layout_ok"], measured
+    assert measured["torch.float32"] <= TOL["float32"] and measured["torch.bfloat16"] <= TOL["float32"], measured
 
 
 def _output_from_states(q, k, v, b, h, scale, c) -> torch.Tensor:
@@ -181,6 +208,10 @@ def test_mismatched_shapes_are_refused() -> None:
         chunk_states.scan(x, g, 4)
     with pytest.raises(ValueError, match="do not fit chunks"):
         chunk_states.states(g, g, g, 8)
+    with pytest.raises(ValueError, match="do not fit chunks"):
+        chunk_states.states(g, g, g, 48)
+    with pytest.raises(ValueError, match="do not fit chunks"):
+        chunk_states.local_cumsum(g, 24)
 
 
 if __name__ == "__main__":

@@ -16,7 +16,10 @@ chunks of BT tokens, NT of them, and d_c[k] = 2^(g at chunk c's last token) the 
 
 h and dh are laid out as fla's ([B, NT, H, K, V]) and feed its other chunk kernels (`kernels.gla_fla`). fla 0.6.0
 has the own-term step too (`chunk_h_parallel`), but in natural log units, which would need a second cumsum of the
-gates, and it sums the terms in another serial walk.
+gates, and it sums the terms in another serial walk. The same steps give `kernels.gla_short` the state entering each
+of its segments and the gradient of the state after it: there a chunk is a segment (128 tokens), g comes from
+`local_cumsum`, and the own-term kernels sum a chunk in blocks of 64 tokens. Their products take the operands'
+dtype (bf16 in LKAT), fp32 operands exactly (IEEE, as the short kernels do).
 
 Why: at 2048^2 an LKAT-S batch is two sequences of 16,389 tokens, 257 chunks of 64. fla's walks there ran 48
 programs stepping 257 times: 11.5 ms of a 53 ms training step on an H200. Here the own terms take 45-55 us a call and
@@ -29,6 +32,7 @@ the environment before triton is first imported they run on CPU tensors with fix
 from __future__ import annotations
 
 import functools
+import math
 import os
 
 import torch
@@ -40,6 +44,10 @@ from .tuned import TunedKernel
 INTERPRET = os.environ.get("TRITON_INTERPRET", "0") == "1"
 _INTERP_TILE = {"BE": 64, "BC": 4}  # small blocks under the interpreter, so the tests cross several of them
 _INTERP_STATE_TILE = {"BK": 16, "BV": 16}
+_TOKEN_BLOCK = 64  # the kernels walk a chunk in blocks of at most this many tokens
+# Triton 3.8's interpreter gets tl.dot of 16-bit operands wrong (values ~1e10), so there the own terms' products
+# take fp32 operands; compiled kernels multiply in the operands' dtype.
+_DOT_IN_FP32: tl.constexpr = tl.constexpr(INTERPRET)
 
 
 def _compute_dtype(x: torch.Tensor) -> torch.dtype:
@@ -101,15 +109,23 @@ def _chunk_tile(ptr, i_b, i_h, o_t, m_t, o_d, T, H: tl.constexpr, D: tl.constexp
 
 
 @triton.jit
-def _own_term_program(T, H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr,
-                      BV: tl.constexpr):  # fmt: skip
-    """This program's chunk, sequence, head, tokens (offsets, mask) and state tile (K and V offsets, mask)."""
+def _own_term_program(H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr):
+    """This program's chunk, sequence, head and state tile (K and V offsets, mask)."""
     i_kv, i_c, i_bh = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     i_k, i_v = i_kv // tl.cdiv(V, BV), i_kv % tl.cdiv(V, BV)
-    o_t = i_c * BT + tl.arange(0, BT)
     o_k, o_v = i_k * BK + tl.arange(0, BK), i_v * BV + tl.arange(0, BV)
     m_kv = (o_k < K)[:, None] & (o_v < V)[None, :]
-    return i_c, i_bh // H, i_bh % H, o_t, o_t < T, o_k, o_v, m_kv
+    return i_c, i_bh // H, i_bh % H, o_k, o_v, m_kv
+
+
+@triton.jit
+def _dot(a, b, PRECISION: tl.constexpr):
+    """a @ b with fp32 accumulation at PRECISION for fp32 operands (fp32 operands under the interpreter, see
+    _DOT_IN_FP32)."""
+    if _DOT_IN_FP32:
+        return tl.dot(a.to(tl.float32), b.to(tl.float32), input_precision=PRECISION)
+    else:
+        return tl.dot(a, b, input_precision=PRECISION)
 
 
 @triton.jit
@@ -121,34 +137,44 @@ def _store_state(x, value, i_b, c, i_h, o_k, o_v, m_kv, NT, H: tl.constexpr, K: 
 
 @triton.jit
 def _own_states_kernel(k, v, g, x, T, NT, H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr,
-                       BK: tl.constexpr, BV: tl.constexpr):  # fmt: skip
-    """x[c + 1] of chunk c (x[0] = 0 from chunk 0's programs) for one (K, V) tile of one (sequence, head)."""
-    i_c, i_b, i_h, o_t, m_t, o_k, o_v, m_kv = _own_term_program(T, H, K, V, BT, BK, BV)
+                       BK: tl.constexpr, BV: tl.constexpr, BS: tl.constexpr, PRECISION: tl.constexpr):  # fmt: skip
+    """x[c + 1] of chunk c (x[0] = 0 from chunk 0's programs) for one (K, V) tile of one (sequence, head), summed
+    over the chunk's blocks of BS tokens."""
+    i_c, i_b, i_h, o_k, o_v, m_kv = _own_term_program(H, K, V, BK, BV)
     if i_c == 0:
         _store_state(x, tl.zeros([BK, BV], dtype=tl.float32), i_b, 0, i_h, o_k, o_v, m_kv, NT, H, K, V)
     if i_c < NT - 1:
         last = tl.minimum((i_c + 1) * BT, T) - 1
         g_last = tl.load(g + ((i_b * T + last).to(tl.int64) * H + i_h) * K + o_k, mask=o_k < K, other=0.0)
-        b_g = _chunk_tile(g, i_b, i_h, o_t, m_t, o_k, T, H, K)
-        b_k = _chunk_tile(k, i_b, i_h, o_t, m_t, o_k, T, H, K)
-        b_k = tl.where(m_t[None, :], b_k * tl.exp2(g_last[:, None] - b_g), 0.0).to(k.dtype.element_ty)
-        b_v = tl.trans(_chunk_tile(v, i_b, i_h, o_t, m_t, o_v, T, H, V))
-        _store_state(x, tl.dot(b_k, b_v), i_b, i_c + 1, i_h, o_k, o_v, m_kv, NT, H, K, V)
+        acc = tl.zeros([BK, BV], dtype=tl.float32)
+        for s in tl.static_range(0, BT, BS):
+            o_t = i_c * BT + s + tl.arange(0, BS)
+            m_t = o_t < T
+            b_g = _chunk_tile(g, i_b, i_h, o_t, m_t, o_k, T, H, K)
+            b_k = _chunk_tile(k, i_b, i_h, o_t, m_t, o_k, T, H, K)
+            b_k = tl.where(m_t[None, :], b_k * tl.exp2(g_last[:, None] - b_g), 0.0).to(k.dtype.element_ty)
+            acc += _dot(b_k, tl.trans(_chunk_tile(v, i_b, i_h, o_t, m_t, o_v, T, H, V)), PRECISION)
+        _store_state(x, acc, i_b, i_c + 1, i_h, o_k, o_v, m_kv, NT, H, K, V)
 
 
 @triton.jit
 def _own_state_grads_kernel(q, do, g, x, scale, T, NT, H: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
-                            BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr):  # fmt: skip
+                            BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, BS: tl.constexpr,
+                            PRECISION: tl.constexpr):  # fmt: skip
     """x[c - 1] of chunk c (x[NT - 1] = 0 from the last chunk's programs) for one (K, V) tile."""
-    i_c, i_b, i_h, o_t, m_t, o_k, o_v, m_kv = _own_term_program(T, H, K, V, BT, BK, BV)
+    i_c, i_b, i_h, o_k, o_v, m_kv = _own_term_program(H, K, V, BK, BV)
     if i_c == NT - 1:
         _store_state(x, tl.zeros([BK, BV], dtype=tl.float32), i_b, NT - 1, i_h, o_k, o_v, m_kv, NT, H, K, V)
     if i_c > 0:
-        b_g = _chunk_tile(g, i_b, i_h, o_t, m_t, o_k, T, H, K)
-        b_q = _chunk_tile(q, i_b, i_h, o_t, m_t, o_k, T, H, K)
-        b_q = tl.where(m_t[None, :], b_q * tl.exp2(b_g) * scale, 0.0).to(q.dtype.element_ty)
-        b_do = tl.trans(_chunk_tile(do, i_b, i_h, o_t, m_t, o_v, T, H, V))
-        _store_state(x, tl.dot(b_q, b_do), i_b, i_c - 1, i_h, o_k, o_v, m_kv, NT, H, K, V)
+        acc = tl.zeros([BK, BV], dtype=tl.float32)
+        for s in tl.static_range(0, BT, BS):
+            o_t = i_c * BT + s + tl.arange(0, BS)
+            m_t = o_t < T
+            b_g = _chunk_tile(g, i_b, i_h, o_t, m_t, o_k, T, H, K)
+            b_q = _chunk_tile(q, i_b, i_h, o_t, m_t, o_k, T, H, K)
+            b_q = tl.where(m_t[None, :], b_q * tl.exp2(b_g) * scale, 0.0).to(q.dtype.element_ty)
+            acc += _dot(b_q, tl.trans(_chunk_tile(do, i_b, i_h, o_t, m_t, o_v, T, H, V)), PRECISION)
+        _store_state(x, acc, i_b, i_c - 1, i_h, o_k, o_v, m_kv, NT, H, K, V)
 
 
 @triton.jit
@@ -235,19 +261,60 @@ def scan(x: torch.Tensor, g: torch.Tensor, chunk_size: int, reverse: bool = Fals
 
 def _own_terms(name: str, a: torch.Tensor, b: torch.Tensor, g: torch.Tensor, chunk_size: int, *scale) -> torch.Tensor:
     """The own terms [B, NT, H, K, V] (fp32) of kernel `name` from a [B, T, H, K] and b [B, T, H, V]."""
-    if a.shape != g.shape or b.shape[:3] != g.shape[:3] or chunk_size < 16:
+    if a.shape != g.shape or b.shape[:3] != g.shape[:3] or not is_chunk_size(chunk_size):
         raise ValueError(f"{tuple(a.shape)}, {tuple(b.shape)} and gates {tuple(g.shape)} do not fit chunks of "
-                         f"{chunk_size} (tl.dot needs 16 or more)")  # fmt: skip
+                         f"{chunk_size} (tl.dot needs a power of two, 16 or more)")  # fmt: skip
     B, T, H, K, V = *a.shape, b.shape[-1]
     NT = triton.cdiv(T, chunk_size)
     x = a.new_empty(B, NT, H, K, V, dtype=torch.float)
     args = (a, b, g, x, *scale, T, NT, H, K, V, chunk_size)
     grid = lambda m: (triton.cdiv(K, m["BK"]) * triton.cdiv(V, m["BV"]), NT, B * H)  # noqa: E731
+    # exact products of fp32 operands (as gla_short's walks take them), TF32 would cost fp32 inputs ~5e-4
+    meta = dict(BS=min(chunk_size, _TOKEN_BLOCK), PRECISION="ieee" if a.dtype == b.dtype == torch.float32 else "tf32")
     if INTERPRET:
-        _OWN_KERNELS[name][grid(_INTERP_STATE_TILE)](*args, **_INTERP_STATE_TILE)
+        _OWN_KERNELS[name][grid(_INTERP_STATE_TILE)](*args, **_INTERP_STATE_TILE, **meta)
     else:
-        _autotuned(name)[grid](*args)
+        _autotuned(name)[grid](*args, **meta)
     return x
+
+
+def is_chunk_size(chunk_size: int) -> bool:
+    """Whether the kernels take chunks of chunk_size tokens: a power of two, 16 or more (tl.dot's smallest tile)."""
+    return chunk_size >= 16 and chunk_size & (chunk_size - 1) == 0
+
+
+@triton.jit
+def _local_cumsum_kernel(gk, g, scale, T, H: tl.constexpr, K: tl.constexpr, BT: tl.constexpr, BS: tl.constexpr,
+                         BK: tl.constexpr):  # fmt: skip
+    """g = scale * the cumsum of gk from the start of its chunk, for one chunk of one (sequence, head), in blocks of
+    BS tokens with the running sum carried."""
+    i_c, i_bh = tl.program_id(0), tl.program_id(1)
+    i_b, i_h = i_bh // H, i_bh % H
+    o_k = tl.arange(0, BK)
+    carry = tl.zeros([BK], dtype=tl.float32)
+    for s in tl.static_range(0, BT, BS):
+        o_t = i_c * BT + s + tl.arange(0, BS)
+        p = ((i_b * T + o_t).to(tl.int64) * H + i_h)[:, None] * K + o_k[None, :]
+        m = (o_t < T)[:, None] & (o_k < K)[None, :]
+        y = tl.cumsum(tl.load(gk + p, mask=m, other=0.0).to(tl.float32) * scale, axis=0) + carry[None, :]
+        tl.store(g + p, y, mask=m)
+        carry = tl.sum(tl.where((tl.arange(0, BS) == BS - 1)[:, None], y, 0.0), axis=0)
+
+
+def local_cumsum(gk: torch.Tensor, chunk_size: int) -> torch.Tensor:
+    """The chunk-local cumsum of log gates gk [B, T, H, K] in log2 units (fp32, contiguous): the g these kernels
+    take, as fla's chunk_local_cumsum(gk, chunk_size, scale=1 / ln 2) computes it for its own chunk kernels."""
+    if gk.dim() != 4 or not is_chunk_size(chunk_size):
+        raise ValueError(f"gates {tuple(gk.shape)} do not fit chunks of {chunk_size} (a power of two, 16 or more)")
+    B, T, H, K = gk.shape
+    gk = gk.contiguous()
+    g = torch.empty(gk.shape, dtype=torch.float, device=gk.device)
+    if g.numel():
+        block = min(chunk_size, _TOKEN_BLOCK)
+        _local_cumsum_kernel[(triton.cdiv(T, chunk_size), B * H)](
+            gk, g, 1 / math.log(2), T, H, K, chunk_size, block, triton.next_power_of_2(K)
+        )
+    return g
 
 
 def states(k: torch.Tensor, v: torch.Tensor, g: torch.Tensor, chunk_size: int, dtype=None) -> torch.Tensor:
