@@ -7,10 +7,12 @@ torch's scaled_dot_product_attention on the same heads ([B, H, T, D], not causal
 Each GLA row also gets its largest error against the fp64 recurrence (on a smaller batch). Every time is taken
 twice: called from Python (the host's dispatch included, which at these sizes is most of it) and replayed as a CUDA
 graph (the GPU's time, as in a model trained under CUDA graphs); the ratios to SDPA are the graph times'.
-Writes JSON and prints a markdown table. --lengths adds a sweep of chunk against short over T, --states-lengths one
-of chunk mode's two ways of passing states between chunks (fla's serial walks, or in parallel by
-`kernels.chunk_states`; `kernels.gla_fla.PARALLEL_STATES_MIN_T` chooses), both at the same tokens per batch:
+Writes JSON and prints a markdown table. --lengths adds a sweep of chunk against short over T (--segments: short
+also walking segments of each given length, 0 the whole sequence at once), --states-lengths one of chunk mode's two
+ways of passing states between chunks (fla's serial walks, or in parallel by `kernels.chunk_states`;
+`kernels.gla_fla.PARALLEL_STATES_MIN_T` chooses), both at the same tokens per batch:
 
+    python benchmarks/bench_gla.py --iters 10 --lengths 16389 4101 1029 401 --segments 0 128 256 512 --out ...
     python benchmarks/bench_gla.py --iters 10 --states-lengths 16389 8197 4101 3077 2053 1029 --out ...
 """
 
@@ -25,7 +27,7 @@ import torch.nn.functional as F
 from bench_model import time_ms  # benchmarks/ is the script folder
 from common import dated_result_path, environment, write_result
 
-from lkat_lens.kernels import gla_fla
+from lkat_lens.kernels import gla_fla, gla_short
 from lkat_lens.kernels.gla import gated_linear_attention, gla_recurrent
 
 GLA_MODES = ("chunk", "fused_recurrent", "short")
@@ -109,6 +111,9 @@ def main() -> None:
     parser.add_argument("--warmup", type=int, default=5)
     parser.add_argument("--iters", type=int, default=20)
     parser.add_argument("--lengths", nargs="*", type=int, default=[], help="also time chunk vs short at these T")
+    parser.add_argument(
+        "--segments", nargs="*", type=int, default=[], help="--lengths: also short walking segments of these lengths"
+    )
     parser.add_argument("--states-lengths", nargs="*", type=int, default=[], help="also time chunk's state passing")
     parser.add_argument("--out", type=Path, default=None)
     args = parser.parse_args()
@@ -145,7 +150,7 @@ def main() -> None:
             f"{r['fwd_bwd_x_sdpa']:.2f}× | {err} | {r['gpu']} | {r['torch']} | {r['triton']} |"
         )
     if lengths:
-        print_lengths(lengths)
+        print_lengths(lengths, args.segments)
     if states:
         print_states(states)
 
@@ -155,17 +160,25 @@ def batch_for(args: argparse.Namespace, T: int) -> int:
     return max(1, round(args.batch * args.tokens / T))
 
 
+def short_segments(segment: int):
+    """The short kernels walking segments of `segment` tokens (0: the whole sequence), as a function of (q, k, v,
+    gk)."""
+    return lambda q, k, v, gk: gla_short.gla_short(q, k, v, gk, segment=segment)
+
+
 def length_sweep(args: argparse.Namespace) -> list[dict]:
-    """Forward and fwd+bwd ms (CUDA graph replays) of chunk and short at each T of --lengths, batch ~ batch *
-    tokens / T (the same tokens per batch)."""
+    """Forward and fwd+bwd ms (CUDA graph replays) of chunk and short (its segments as gla_short.segment_length
+    sets them), and of short with each segment length of --segments ("short<length>"), at each T of --lengths,
+    batch ~ batch * tokens / T (the same tokens per batch)."""
     rows = []
     for T in args.lengths:
         batch = batch_for(args, T)
         inputs = make_inputs(batch, T, args.heads, args.head_dim, torch.bfloat16)
-        row = {"T": T, "batch": batch}
-        for mode in ("chunk", "short"):
-            times = timings(gla(mode), inputs, args.warmup, args.iters)
-            row |= {f"{mode}_fwd_ms": times["fwd_graph_ms"], f"{mode}_fwd_bwd_ms": times["fwd_bwd_graph_ms"]}
+        row = {"T": T, "batch": batch, "segment": gla_short.segment_length(T)}
+        fns = {"chunk": gla("chunk"), "short": gla("short")} | {f"short{s}": short_segments(s) for s in args.segments}
+        for name, fn in fns.items():
+            times = timings(fn, inputs, args.warmup, args.iters)
+            row |= {f"{name}_fwd_ms": times["fwd_graph_ms"], f"{name}_fwd_bwd_ms": times["fwd_bwd_graph_ms"]}
         rows.append(row)
     return rows
 
@@ -211,9 +224,11 @@ def print_states(rows: list[dict]) -> None:
         print(f"parallel state passing's {what} won at every T from {from_t if from_t else 'none'} on")
 
 
-def print_lengths(rows: list[dict]) -> None:
-    """The length sweep as markdown, and the longest T at which "short" beat "chunk" (training and forward only)."""
-    print_comparison(rows, "chunk", "short")
+def print_lengths(rows: list[dict], segments: list[int]) -> None:
+    """The length sweep as markdown (chunk against short, and against short at each of `segments`), and the longest
+    T at which "short" beat "chunk" (training and forward only)."""
+    for name in ["short", *(f"short{s}" for s in segments)]:
+        print_comparison(rows, "chunk", name)
     for what in ("fwd_bwd", "fwd"):
         faster = [r["T"] for r in rows if r[f"short_{what}_ms"] < r[f"chunk_{what}_ms"]]
         print(f"longest T where short's {what} beat chunk's: {max(faster) if faster else 'none'}")

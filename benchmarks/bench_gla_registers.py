@@ -15,6 +15,7 @@ from pathlib import Path
 
 import torch
 import torch.nn.functional as F
+import triton
 from bench_gla import graphed  # benchmarks/ is the script folder
 from bench_model import time_ms
 from common import dated_result_path, environment, write_result
@@ -30,12 +31,18 @@ def _cap(cap: int | None) -> dict:
 
 
 def forward(q, k, v, gk, warps: int, cap: int | None):
-    """The forward kernel at one (warps, register cap), V tile 64: ((o,), compiled kernel)."""
+    """The forward's walk kernel at one (warps, register cap), V tile 64, after the autotuned intra-chunk kernel:
+    ((o,), compiled walk kernel)."""
     B, T, H, K = q.shape
-    o = torch.empty(B, T, H, v.shape[-1], dtype=q.dtype, device=q.device)
+    V = v.shape[-1]
+    o = torch.empty(B, T, H, V, dtype=q.dtype, device=q.device)
+    oa = torch.empty(o.shape, dtype=torch.float32, device=q.device)
     strides = (q.stride(), k.stride(), v.stride(), gk.stride(), o.stride())
-    compiled = gla_short._gla_short_fwd_kernel[(B * H, 1)](
-        q, k, v, gk, o, *strides, T, H, K**-0.5, B * H, K=K, V=v.shape[-1], BV=v.shape[-1], PRECISION="tf32",
+    meta = dict(K=K, V=V, PRECISION="tf32")
+    gla_short._kernel("fwd_intra", V)[(B * H, triton.cdiv(T, 16))](q, k, v, gk, oa, *strides, T, H, K**-0.5, **meta)
+    rows = triton.cdiv(T, 16) * 16
+    compiled = gla_short._gla_short_fwd_kernel[(B * H, 1, 1)](
+        q, k, v, gk, o, oa, oa, *strides, T, H, K**-0.5, rows, B * H, **meta, BV=V, SEGMENTED=False,
         num_warps=warps, num_stages=1, **_cap(cap),
     )  # fmt: skip
     return (o,), compiled
@@ -47,9 +54,9 @@ def backward(q, k, v, gk, do, warps: int, cap: int | None):
     dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
     dg = torch.empty(gk.shape, dtype=torch.float32, device=q.device)
     strides = (q.stride(), k.stride(), v.stride(), gk.stride(), do.stride(), dg.stride(), dv.stride())
-    compiled = gla_short._gla_short_bwd_kernel[(B * H,)](
-        q, k, v, gk, do, dq, dk, dv, dg, *strides, T, H, K**-0.5, B * H, K=K, V=v.shape[-1], PRECISION="tf32",
-        num_warps=warps, num_stages=1, **_cap(cap),
+    compiled = gla_short._gla_short_bwd_kernel[(B * H, 1)](
+        q, k, v, gk, do, dq, dk, dv, dg, dg, dg, *strides, T, H, K**-0.5, triton.cdiv(T, 16) * 16, B * H, K=K,
+        V=v.shape[-1], PRECISION="tf32", SEGMENTED=False, num_warps=warps, num_stages=1, **_cap(cap),
     )  # fmt: skip
     return (dq, dk, dv, dg), compiled
 
@@ -67,13 +74,14 @@ def measure(batch: int, tokens: int, heads: int, head_dim: int, warmup: int, ite
     q, k, v, do = (torch.randn(shape, device="cuda", generator=gen).bfloat16() for _ in range(4))
     gk = F.logsigmoid(torch.randn(q.shape, device="cuda", generator=gen)) / 16
     scale = head_dim**-0.5
-    ref_o = (gla_short.gla_short_fwd(q, k, v, gk, scale),)
-    ref_grads = gla_short.gla_short_bwd(q, k, v, gk, do, scale)
+    ref_o = gla_short.gla_short_fwd(q, k, v, gk, scale, 0)[:1]
+    ref_grads = gla_short.gla_short_bwd(q, k, v, gk, ref_o[0].new_empty(0), do, scale, 0)
     rows = [
         {"shape_BTHD": shape, "kernel": "forward", "config": "autotuned",
-         "ms": time_ms(graphed(lambda: gla_short.gla_short_fwd(q, k, v, gk, scale)), warmup, iters)},
+         "ms": time_ms(graphed(lambda: gla_short.gla_short_fwd(q, k, v, gk, scale, 0)), warmup, iters)},
         {"shape_BTHD": shape, "kernel": "backward", "config": "autotuned",
-         "ms": time_ms(graphed(lambda: gla_short.gla_short_bwd(q, k, v, gk, do, scale)), warmup, iters)},
+         "ms": time_ms(graphed(lambda: gla_short.gla_short_bwd(q, k, v, gk, ref_o[0].new_empty(0), do, scale, 0)),
+                       warmup, iters)},
     ]  # fmt: skip
     for warps in (4, 8):
         for cap in CAPS:

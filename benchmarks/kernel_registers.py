@@ -131,24 +131,41 @@ def lkat_layer(T: int = 201, heads: int = 6, head_dim: int = 64) -> dict[str, Ca
         "gla_input q/k backward": lambda: gla_input.gla_input_bwd(x, conv, norm, cos, sin, do, heads, 1e-6),
         "gla_input v forward": lambda: gla_input.gla_input_fwd(x, conv, None, None, None, heads, 1e-6),
         "gla_input v backward": lambda: gla_input.gla_input_bwd(x, conv, None, None, None, do, heads, 1e-6),
-        "gla_short forward": lambda: gla_short.gla_short_fwd(q, k, v, gk, scale),
-        "gla_short backward": lambda: gla_short.gla_short_bwd(q, k, v, gk, do_heads, scale),
+        "gla_short forward": lambda: gla_short.gla_short_fwd(q, k, v, gk, scale, 0),
+        "gla_short backward": lambda: gla_short.gla_short_bwd(q, k, v, gk, q.new_empty(0), do_heads, scale, 0),
         "gated_norm forward": lambda: gated_norm.gated_norm_fwd(o, g, norm, bias, 1e-5),
         "gated_norm backward": lambda: gated_norm.gated_norm_bwd(o, g, norm, bias, o, 1e-5),
     }
 
 
 def lkat_high_resolution(T: int = 16389, batch: int = 2, heads: int = 6, head_dim: int = 64) -> dict[str, Callable]:
-    """The launchers of chunk mode's parallel state passing (kernels.chunk_states) on CPU tensors of LKAT-S's shapes
-    at 2048^2 (two images of 16,389 tokens, 257 chunks of 64): own terms forward and backward, the scan both ways."""
+    """The launchers of the parallel state passing (kernels.chunk_states) on CPU tensors of LKAT-S's shapes at
+    2048^2 (two images of 16,389 tokens): own terms forward and backward and the scan both ways in chunk mode's 257
+    chunks of 64, and the own terms in the short kernels' segments (gla_short.SEGMENT tokens)."""
     q, k, v, do = (torch.randn(batch, T, heads, head_dim, dtype=torch.bfloat16) for _ in range(4))
     g = torch.zeros(batch, T, heads, head_dim)
     x = torch.zeros(batch, triton.cdiv(T, 64), heads, head_dim, head_dim)
+    segment = gla_short.SEGMENT
     return {
         "chunk_states own states": lambda: chunk_states._own_terms("states", k, v, g, 64),
         "chunk_states own state grads": lambda: chunk_states._own_terms("grads", q, do, g, 64, 0.125),
         "chunk_states scan": lambda: chunk_states.scan(x, g, 64),
         "chunk_states scan reverse": lambda: chunk_states.scan(x, g, 64, reverse=True),
+        "chunk_states own states (segments)": lambda: chunk_states._own_terms("states", k, v, g, segment),
+        "chunk_states own state grads (segments)": lambda: chunk_states._own_terms("grads", q, do, g, segment, 0.1),
+    }
+
+
+def lkat_segments(T: int = 4097, batch: int = 6, heads: int = 6, head_dim: int = 64) -> dict[str, Callable]:
+    """The launchers of the short GLA kernels walking segments (LKAT-S at 1024^2: six images of 4,097 tokens), each
+    with the chunk-state kernels it launches (gate cumsum, own terms, scan)."""
+    q, k, v, do = (torch.randn(batch, T, heads, head_dim, dtype=torch.bfloat16) for _ in range(4))
+    gk = F.logsigmoid(torch.randn(batch, T, heads, head_dim)) / 16
+    segment, scale = gla_short.SEGMENT, head_dim**-0.5
+    h = torch.zeros(batch, triton.cdiv(T, segment), heads, head_dim, head_dim)
+    return {
+        "gla_short segmented forward": lambda: gla_short.gla_short_fwd(q, k, v, gk, scale, segment),
+        "gla_short segmented backward": lambda: gla_short.gla_short_bwd(q, k, v, gk, h, do, scale, segment),
     }
 
 
@@ -158,7 +175,7 @@ def main() -> None:
     parser.add_argument("--cases", nargs="*", default=None, help="a subset of the cases (default: all)")
     parser.add_argument("--out", type=Path, default=None)
     args = parser.parse_args()
-    cases = lkat_layer() | lkat_high_resolution()
+    cases = lkat_layer() | lkat_high_resolution() | lkat_segments()
     env = environment() | {"arch": f"sm_{args.arch}", "ptxas": str(PTXAS.name)}
     rows = []
     for name in args.cases or list(cases):

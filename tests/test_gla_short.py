@@ -41,6 +41,19 @@ CASES = {
         (201, 64, 64, "mixed", "bfloat16", "model"),
     ]
 }
+# id -> (T, K, V, gate, dtype, layout, segment): walks in segments, the states between them passed in parallel
+SEGMENTED_CASES = {
+    f"T{T}-K{K}-V{V}-{gate}-{dtype}-{layout}-s{seg}": (T, K, V, gate, dtype, layout, seg)
+    for T, K, V, gate, dtype, layout, seg in [
+        (100, 32, 32, "mild", "float32", "contiguous", 32),  # 4 segments, the last of 4 rows
+        (130, 16, 32, "strong", "float32", "model", 64),  # the last segment of 2 rows
+        (97, 32, 16, "mixed", "float32", "contiguous", 32),  # direct walks in batch 0, levels in batch 1
+        (64, 16, 16, "near_one", "float32", "contiguous", 16),  # segments of one chunk
+        (50, 16, 16, "extreme", "float32", "contiguous", 16),
+        (150, 64, 64, "mild", "bfloat16", "model", 64),
+        (80, 32, 64, "strong", "bfloat16", "contiguous", 32),
+    ]
+}
 
 
 def make_inputs(T: int, K: int, V: int, gate: str, dtype: torch.dtype, layout: str, seed: int = 0) -> tuple:
@@ -77,11 +90,11 @@ def outputs_and_grads(fn, q, k, v, gk, do) -> list[torch.Tensor]:
     return [o.detach(), *torch.autograd.grad(o, leaves, do)]
 
 
-def _measure_case(case: tuple) -> dict:
+def _measure_case(case: tuple, segment: int | None = None) -> dict:
     """Errors of the kernels against the fp64 recurrence, and whether dtypes, shapes and values are right."""
     T, K, V, gate, dtype_name, layout = case
     q, k, v, gk, do = make_inputs(T, K, V, gate, getattr(torch, dtype_name), layout)
-    got = outputs_and_grads(gla_short.gla_short, q, k, v, gk, do)
+    got = outputs_and_grads(lambda *x: gla_short.gla_short(*x, segment=segment), q, k, v, gk, do)
     ref = outputs_and_grads(lambda *x: gla_recurrent(*(t.double() for t in x))[0], q, k, v, gk, do.double())
     errors = {name: rel_max(g, r) for name, g, r in zip(OUTPUTS, got, ref, strict=True)}
     inputs = (v, q, k, v, gk)
@@ -90,13 +103,17 @@ def _measure_case(case: tuple) -> dict:
     return errors
 
 
-def _check_op_and_compile() -> dict:
+def _check_op_and_compile(T: int, segment: int) -> dict:
     """torch.library.opcheck of the custom op, and torch.compile(fullgraph=True) through it."""
-    q, k, v, gk, do = make_inputs(5, 16, 16, "mild", torch.float32, "model")
+    q, k, v, gk, do = make_inputs(T, 16, 16, "mild", torch.float32, "model")
     q, k, v, gk = (x.requires_grad_() for x in (q, k, v, gk))
-    torch.library.opcheck(torch.ops.lkat_lens.gla_short, (q, k, v, gk, 0.25))
-    compiled = torch.compile(lambda *x: gla_short.gla_short(*x, scale=0.25) * 2, fullgraph=True, backend="aot_eager")
-    eager = outputs_and_grads(lambda *x: gla_short.gla_short(*x, scale=0.25) * 2, q, k, v, gk, do)
+    torch.library.opcheck(torch.ops.lkat_lens.gla_short, (q, k, v, gk, 0.25, segment))
+
+    def scaled(*x):
+        return gla_short.gla_short(*x, scale=0.25, segment=segment) * 2
+
+    compiled = torch.compile(scaled, fullgraph=True, backend="aot_eager")
+    eager = outputs_and_grads(scaled, q, k, v, gk, do)
     traced = outputs_and_grads(compiled, q, k, v, gk, do)
     return {"opcheck": True, "compile_err": max(rel_max(a, b) for a, b in zip(traced, eager, strict=True))}
 
@@ -104,7 +121,9 @@ def _check_op_and_compile() -> dict:
 def interpreter_measurements() -> dict:
     """Every case's measurements (needs TRITON_INTERPRET=1 before triton was imported)."""
     results = {cid: _measure_case(case) for cid, case in CASES.items()}
-    results["op"] = _check_op_and_compile()
+    results |= {cid: _measure_case(case[:6], case[6]) for cid, case in SEGMENTED_CASES.items()}
+    results["op"] = _check_op_and_compile(5, 0)
+    results["op_segmented"] = _check_op_and_compile(40, 16)
     return results
 
 
@@ -122,19 +141,35 @@ def test_interpreter_matches_fp64_recurrence(interp: dict, case_id: str) -> None
         assert measured[name] <= TOL[CASES[case_id][4]], (name, measured)
 
 
+@pytest.mark.parametrize("case_id", list(SEGMENTED_CASES))
+def test_segments_match_fp64_recurrence(interp: dict, case_id: str) -> None:
+    measured = interp[case_id]
+    assert measured["layout_ok"] and measured["finite"], measured
+    for name in OUTPUTS:
+        assert measured[name] <= TOL[SEGMENTED_CASES[case_id][4]], (name, measured)
+
+
+def test_long_sequences_are_walked_in_segments() -> None:
+    assert gla_short.segment_length(gla_short.SEGMENTS_MIN_T - 1) == 0
+    assert gla_short.segment_length(4097) == gla_short.SEGMENT
+    assert gla_short.SEGMENTS_MIN_T > gla_short.SEGMENT  # a segmented sequence has two segments or more
+
+
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
 def test_cases_take_both_intra_chunk_paths(dtype: str) -> None:
     """The mixed cases check the direct walk (batch 0) and the level walk (batch 1) in one launch."""
-    mixed = [case for case in CASES.values() if case[3] == "mixed" and case[4] == dtype]
-    assert mixed
+    mixed = [case[:6] for case in [*CASES.values(), *SEGMENTED_CASES.values()] if case[3] == "mixed"]
+    mixed = [case for case in mixed if case[4] == dtype]
+    assert mixed or dtype == "bfloat16"
     for T, K, V, gate, name, layout in mixed:
         direct = direct_sequences(make_inputs(T, K, V, gate, getattr(torch, name), layout)[3])
         assert direct[0].all() and not direct[1].any()
 
 
-def test_custom_op_passes_opcheck_and_compiles_without_graph_break(interp: dict) -> None:
-    assert interp["op"]["opcheck"]
-    assert interp["op"]["compile_err"] < 1e-6
+@pytest.mark.parametrize("op", ["op", "op_segmented"])
+def test_custom_op_passes_opcheck_and_compiles_without_graph_break(interp: dict, op: str) -> None:
+    assert interp[op]["opcheck"]
+    assert interp[op]["compile_err"] < 1e-6
 
 
 def test_input_validation() -> None:
@@ -148,6 +183,8 @@ def test_input_validation() -> None:
         gla_short.gla_short(q, q[:, :2], v, q)
     with pytest.raises(ValueError, match="operands in"):
         gla_short.gla_short(q.double(), q, v, q)
+    with pytest.raises(ValueError, match="power of two"):
+        gla_short.gla_short(q, q, v, q, segment=48)
     if not gla_short.INTERPRET:
         with pytest.raises(RuntimeError, match="CUDA"):
             gla_short.gla_short(q, q, v, q)

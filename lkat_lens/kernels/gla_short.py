@@ -1,4 +1,4 @@
-"""Gated Linear Attention for short sequences: one Triton program per (batch, head) keeps the state on chip.
+"""Gated Linear Attention on chip: one Triton program per (batch, head, segment) keeps the state in registers.
 
 Layout is fla's: q, k, gk [B, T, H, K], v [B, T, H, V], gk the log forget gate (<= 0), any strides.
 o_t = scale * S_t^T q_t with S_t = diag(exp(gk_t)) S_{t-1} + k_t v_t^T (see `kernels.gla`).
@@ -21,11 +21,11 @@ each level is one tl.dot, the diagonal (decay 1) a row-wise sum. Both are exact 
 tl.dot takes fp32 operands with fp32 accumulation: TF32 for 16-bit inputs, exact products when q, k and v are all
 fp32.
 
-The backward is one program per (batch, head). A forward walk recomputes the states, writes the
-inter-chunk part of dq into the fp32 gate-gradient buffer and finds the sequence's largest |b|; a reverse walk
+The backward is one program per (batch, head, segment). A forward walk recomputes the states, writes the
+inter-chunk part of dq into the fp32 gate-gradient buffer and finds the segment's largest |b|; a reverse walk
 carries dS (the gradient of the state) in registers, adds the intra-chunk parts of dq and dk, and forms the gate
 gradient from the identity dL/dG_t = q_t * dq_t - k_t * dk_t (G = cumsum of gk), so dgk is its reverse cumsum
-over t. The reverse walk is written twice, direct and by levels, and a sequence takes one or the other whole.
+over t. The reverse walk is written twice, direct and by levels, and a segment takes one or the other whole.
 Backward ms at 3 / 6 / 12 heads of 64 (H100, bf16, batch 128, T 201, graph replays, two runs each): levels only
 0.362-0.374 / 0.569-0.576 / 1.110-1.126, now 0.247 / 0.471-0.472 / 0.924-0.944; the choice made chunk by chunk inside
 one walk (both in its registers) 0.306 / 0.492 / 0.963; a kernel with no level walk at all (wrong for fast gates)
@@ -33,6 +33,21 @@ one walk (both in its registers) 0.306 / 0.492 / 0.963; a kernel with no level w
 Only q, k, v and gk are saved for the backward. Split like the forward (an intra-chunk kernel writing fp32 parts,
 then the walks adding the rest) it was slower at 6 and 12 heads: 0.62 / 1.21 against 0.57 / 1.12 ms (0.32 against
 0.37 at 3 heads), since the walks themselves are most of it and the fp32 parts add memory traffic.
+
+Long sequences (T >= SEGMENTS_MIN_T) are walked in segments of SEGMENT tokens, one program each, so that a batch of
+a few long sequences still fills the GPU: at 1024^2 an LKAT-S batch is 6 sequences of 4,097 tokens, 36 programs for
+one walk each. The state entering each segment, h [B, NS, H, K, V] in fp32, comes first from `kernels.chunk_states`
+(each segment's own term, then a scan along the segments) and starts the segment's forward walk; it is kept for the
+backward, where `chunk_states.state_grads` gives the gradient of the state after each segment, dh, which starts the
+reverse walk. Both walks then see exactly what one walk over the sequence would: the gate gradient's share from past
+the segment, sum over the later rows of q * dq - k * dk, is dL/dgk at the next segment's first row, sum_v S * dS of
+the state S after the segment (the forward walk's last) and dh. Forward + backward ms of one layer against fla's
+chunk_gla (parallel state passing) at LKAT-S's heads, tokens per batch held at 128 x 201 (H200, graph replays,
+`bench_gla.py --lengths ... --segments 0 64 128 256`): at 16,389 / 4,101 / 1,029 / 513 tokens one walk took 7.73 /
+2.63 / 1.02 / 0.83x chunk's time, segments of 64 0.76 / 0.77 / 0.84 / 0.85x, of 128 0.70 / 0.77 / 0.81 / 0.81x, of
+256 0.68 / 0.84 / 0.88 / 0.90x; at 201 tokens one walk 0.59x, segments of 128 0.80x. Longer walks also sum dgk's
+reverse cumsum over more rows (at 4,097 tokens one walk, 256 and 512 gave dgk Frobenius errors of 5.8e-3, 2.3e-3
+and 2.7e-3 against chunk_gla's 2.2e-3, 128 less than it), so SEGMENT is 128.
 
 On CUDA the kernels are autotuned; with TRITON_INTERPRET=1 in the environment before triton is first
 imported they run on CPU tensors through the Triton interpreter with a fixed configuration. The op is a
@@ -46,6 +61,7 @@ import torch
 import triton
 import triton.language as tl
 
+from . import chunk_states
 from .autograd_ops import Kernel, differentiable
 from .tuned import TunedKernel
 
@@ -58,6 +74,10 @@ HEAD_DIMS = (16, 32, 64, 128)
 INPUT_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 # Interpreter launch: V tiles of at most this width, so that the V-tiled grid runs.
 _INTERP_BLOCK_V = 32
+# Sequences of SEGMENTS_MIN_T tokens or more are walked in segments of SEGMENT tokens (module docstring): at 513
+# tokens one walk and segments of 128 were even (0.83 / 0.81x chunk's time), from 1,029 on the segments won.
+SEGMENT = 128
+SEGMENTS_MIN_T = 512
 
 
 @triton.jit
@@ -159,20 +179,41 @@ def _gla_short_fwd_intra_kernel(
 
 
 @triton.jit
+def _segment(T, seg_len):
+    """This program's segment: (index, first row, end row); program axis 1 counts the segments of seg_len rows."""
+    i_s = tl.program_id(1)
+    return i_s, i_s * seg_len, tl.minimum(i_s * seg_len + seg_len, T)
+
+
+@triton.jit
+def _segment_state(ptr, i_b, i_s, i_h, T, seg_len, H, ck, cv, K: tl.constexpr, V: tl.constexpr, BV: tl.constexpr,
+                   SEGMENTED: tl.constexpr):  # fmt: skip
+    """Columns cv (BV of them) of segment i_s's [K, V] state in an fp32 [B, NS, H, K, V] tensor; 0 unless
+    SEGMENTED."""
+    if SEGMENTED:
+        base = ((i_b * tl.cdiv(T, seg_len) + i_s) * H + i_h) * (K * V)
+        return tl.load(ptr + base + ck[:, None] * V + cv[None, :])
+    else:
+        return tl.zeros([K, BV], dtype=tl.float32)
+
+
+@triton.jit
 def _gla_short_fwd_kernel(
-    q_ptr, k_ptr, v_ptr, g_ptr, o_ptr, oa_ptr, sq, sk, sv, sg, so, T, H, scale, programs,
-    K: tl.constexpr, V: tl.constexpr, BV: tl.constexpr, PRECISION: tl.constexpr,
+    q_ptr, k_ptr, v_ptr, g_ptr, o_ptr, oa_ptr, h_ptr, sq, sk, sv, sg, so, T, H, scale, seg_len, programs,
+    K: tl.constexpr, V: tl.constexpr, BV: tl.constexpr, PRECISION: tl.constexpr, SEGMENTED: tl.constexpr,
 ):  # fmt: skip
-    """o = the intra-chunk part in oa + the inter-chunk part (q_t * exp(b_t))^T S, for one (batch * head, V tile):
-    walks the chunks with the [K, BV] state in registers. sq ... so are the operands' [B, T, H, D] strides (oa has
-    o's); `programs` is only the autotuning key (see _autotuned)."""
-    i_bh, i_v = tl.program_id(0), tl.program_id(1)
+    """o = the intra-chunk part in oa + the inter-chunk part (q_t * exp(b_t))^T S, for one (batch * head, segment,
+    V tile): walks the segment's chunks with the [K, BV] state in registers, from h[segment] when SEGMENTED (else
+    from 0, one segment). sq ... so are the operands' [B, T, H, D] strides (oa has o's); `programs` is only the
+    autotuning key (see _autotuned)."""
+    i_bh, i_v = tl.program_id(0), tl.program_id(2)
     i_b, i_h = (i_bh // H).to(tl.int64), (i_bh % H).to(tl.int64)
+    i_s, start, end = _segment(T, seg_len)
     rt = tl.arange(0, CHUNK)
     ck = tl.arange(0, K)
     cv = i_v * BV + tl.arange(0, BV)
-    state = tl.zeros([K, BV], dtype=tl.float32)
-    for t0 in range(0, T, CHUNK):
+    state = _segment_state(h_ptr, i_b, i_s, i_h, T, seg_len, H, ck, cv, K, V, BV, SEGMENTED)
+    for t0 in range(start, end, CHUNK):
         rows = t0 + rt
         q = _tile(q_ptr, sq, i_b, i_h, rows, ck, T) * scale
         k = _tile(k_ptr, sk, i_b, i_h, rows, ck, T)
@@ -185,21 +226,23 @@ def _gla_short_fwd_kernel(
 
 @triton.jit
 def _reverse_walk(
-    q_ptr, k_ptr, v_ptr, g_ptr, do_ptr, dq_ptr, dk_ptr, dv_ptr, dg_ptr, sq, sk, sv, sg, sdo, sgk, sgv,
-    i_b, i_h, T, scale, K: tl.constexpr, V: tl.constexpr, PRECISION: tl.constexpr, DIRECT: tl.constexpr,
+    q_ptr, k_ptr, v_ptr, g_ptr, do_ptr, dq_ptr, dk_ptr, dv_ptr, dg_ptr, dh_ptr, sq, sk, sv, sg, sdo, sgk, sgv,
+    i_b, i_h, T, seg_len, H, scale, later, K: tl.constexpr, V: tl.constexpr, PRECISION: tl.constexpr,
+    DIRECT: tl.constexpr, SEGMENTED: tl.constexpr,
 ):  # fmt: skip
-    """The backward's reverse walk over one (batch, head) with dS, the gradient of the state that enters the later
-    chunks: dq (its inter-chunk part read from dg), dk, dv and dgk. DIRECT: the direct intra-chunk products (every
-    chunk's |b| <= SAFE_LOG), else the levels."""
+    """The backward's reverse walk over one (batch, head, segment) with dS, the gradient of the state that enters
+    the later chunks (from dh[segment] when SEGMENTED: what the later segments ask of it): dq (its inter-chunk part
+    read from dg), dk, dv and dgk. `later` [K]: the gate gradient's share from past the segment's end. DIRECT: the
+    direct intra-chunk products (every chunk's |b| <= SAFE_LOG), else the levels."""
+    i_s, start, end = _segment(T, seg_len)
     rt = tl.arange(0, CHUNK)
     ck = tl.arange(0, K)
     cv = tl.arange(0, V)
     causal = rt[:, None] >= rt[None, :]
-    d_state = tl.zeros([K, V], dtype=tl.float32)
-    later = tl.zeros([K], dtype=tl.float32)  # sum over the later rows of q * dq - k * dk
-    n_chunks = tl.cdiv(T, CHUNK)
+    d_state = _segment_state(dh_ptr, i_b, i_s, i_h, T, seg_len, H, ck, cv, K, V, V, SEGMENTED)
+    n_chunks = tl.cdiv(end - start, CHUNK)
     for i in range(0, n_chunks):
-        t0 = (n_chunks - 1 - i) * CHUNK
+        t0 = start + (n_chunks - 1 - i) * CHUNK
         rows = t0 + rt
         q = _tile(q_ptr, sq, i_b, i_h, rows, ck, T) * scale
         k = _tile(k_ptr, sk, i_b, i_h, rows, ck, T)
@@ -239,20 +282,24 @@ def _reverse_walk(
 
 @triton.jit
 def _gla_short_bwd_kernel(
-    q_ptr, k_ptr, v_ptr, g_ptr, do_ptr, dq_ptr, dk_ptr, dv_ptr, dg_ptr, sq, sk, sv, sg, sdo, sgk, sgv, T, H, scale,
-    programs, K: tl.constexpr, V: tl.constexpr, PRECISION: tl.constexpr,
+    q_ptr, k_ptr, v_ptr, g_ptr, do_ptr, dq_ptr, dk_ptr, dv_ptr, dg_ptr, h_ptr, dh_ptr, sq, sk, sv, sg, sdo, sgk,
+    sgv, T, H, scale, seg_len, programs, K: tl.constexpr, V: tl.constexpr, PRECISION: tl.constexpr,
+    SEGMENTED: tl.constexpr,
 ):  # fmt: skip
-    """dq, dk, dv and the fp32 dgk of one (batch * head). dq, dk and dg share the strides sgk, dv has sgv."""
+    """dq, dk, dv and the fp32 dgk of one (batch * head, segment). dq, dk and dg share the strides sgk, dv has sgv.
+    When SEGMENTED, h and dh (fp32 [B, NS, H, K, V]) hold the state entering each segment and the gradient of the
+    state after it."""
     i_bh = tl.program_id(0)
     i_b, i_h = (i_bh // H).to(tl.int64), (i_bh % H).to(tl.int64)
+    i_s, start, end = _segment(T, seg_len)
     rt = tl.arange(0, CHUNK)
     ck = tl.arange(0, K)
     cv = tl.arange(0, V)
 
     # Forward walk: the inter-chunk part of dq (w.r.t. the scaled q) = exp(b) * (do @ S^T), kept in dg.
-    state = tl.zeros([K, V], dtype=tl.float32)
+    state = _segment_state(h_ptr, i_b, i_s, i_h, T, seg_len, H, ck, cv, K, V, V, SEGMENTED)
     span = tl.zeros([K], dtype=tl.float32)  # the largest |b| of any chunk so far
-    for t0 in range(0, T, CHUNK):
+    for t0 in range(start, end, CHUNK):
         rows = t0 + rt
         k = _tile(k_ptr, sk, i_b, i_h, rows, ck, T)
         v = _tile(v_ptr, sv, i_b, i_h, rows, cv, T)
@@ -261,13 +308,19 @@ def _gla_short_bwd_kernel(
         _store_tile(dg_ptr, sgk, i_b, i_h, _mm(do, tl.trans(state), PRECISION) * tl.exp(b), rows, ck, T)
         state = _carry(state, k, v, b, b_last, PRECISION)
         span = tl.maximum(span, _span(b))
+    # The gate gradient's share from past the segment: sum over its later rows of q * dq - k * dk is dL/dgk at
+    # the next segment's first row, sum_v S * dS of the state S after this segment and its gradient dS.
+    if SEGMENTED:
+        later = tl.sum(state * _segment_state(dh_ptr, i_b, i_s, i_h, T, seg_len, H, ck, cv, K, V, V, True), axis=1)
+    else:
+        later = tl.zeros([K], dtype=tl.float32)
     tl.debug_barrier()  # the reverse walk reads what every thread of this program wrote above
 
-    args = (q_ptr, k_ptr, v_ptr, g_ptr, do_ptr, dq_ptr, dk_ptr, dv_ptr, dg_ptr, sq, sk, sv, sg, sdo, sgk, sgv)
+    args = (q_ptr, k_ptr, v_ptr, g_ptr, do_ptr, dq_ptr, dk_ptr, dv_ptr, dg_ptr, dh_ptr, sq, sk, sv, sg, sdo, sgk, sgv)
     if tl.max(span, axis=0) <= SAFE_LOG:
-        _reverse_walk(*args, i_b, i_h, T, scale, K, V, PRECISION, True)
+        _reverse_walk(*args, i_b, i_h, T, seg_len, H, scale, later, K, V, PRECISION, True, SEGMENTED)
     else:
-        _reverse_walk(*args, i_b, i_h, T, scale, K, V, PRECISION, False)
+        _reverse_walk(*args, i_b, i_h, T, seg_len, H, scale, later, K, V, PRECISION, False, SEGMENTED)
 
 
 def _forward_configs(V: int) -> list[triton.Config]:
@@ -318,9 +371,9 @@ def _kernel(kernel: str, V: int) -> triton.runtime.KernelInterface | TunedKernel
     return _KERNELS[kernel] if INTERPRET else _autotuned(kernel, V)
 
 
-def _programs(B: int, H: int) -> int:
-    """The kernels' autotuning key `programs`: the power of two at or above B * H."""
-    return triton.next_power_of_2(B * H)
+def _programs(B: int, H: int, segments: int = 1) -> int:
+    """The kernels' autotuning key `programs`: the power of two at or above B * H * segments."""
+    return triton.next_power_of_2(B * H * segments)
 
 
 def _precision(*xs: torch.Tensor) -> str:
@@ -333,8 +386,14 @@ def supports(q: torch.Tensor, v: torch.Tensor) -> bool:
     return q.shape[-1] in HEAD_DIMS and v.shape[-1] in HEAD_DIMS
 
 
-def _check(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, gk: torch.Tensor) -> None:
-    """Raise unless the operands fit the kernels."""
+def segment_length(T: int) -> int:
+    """The segment length the kernels walk a T-token sequence in: SEGMENT from SEGMENTS_MIN_T tokens on, else 0
+    (one walk over the whole sequence)."""
+    return SEGMENT if T >= SEGMENTS_MIN_T else 0
+
+
+def _check(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, gk: torch.Tensor, segment: int) -> None:
+    """Raise unless the operands and the segment length fit the kernels."""
     if q.dim() != 4 or v.dim() != 4 or q.shape != k.shape or q.shape != gk.shape or v.shape[:3] != q.shape[:3]:
         shapes = ", ".join(str(tuple(x.shape)) for x in (q, k, v, gk))
         raise ValueError(f"expected q, k, gk [B,T,H,K] and v [B,T,H,V], got {shapes}")
@@ -342,17 +401,44 @@ def _check(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, gk: torch.Tensor) 
         raise ValueError(f"gla_short needs K and V in {HEAD_DIMS}, got K={q.shape[-1]}, V={v.shape[-1]}")
     if any(x.dtype not in INPUT_DTYPES for x in (q, k, v, gk)):
         raise ValueError(f"gla_short needs operands in {INPUT_DTYPES}")
+    if segment and not chunk_states.is_chunk_size(segment):
+        raise ValueError(f"gla_short's segments must be a power of two of 16 tokens or more, got {segment}")
     if not (q.is_cuda or INTERPRET):
         raise RuntimeError("gla_short needs CUDA tensors (or TRITON_INTERPRET=1 before importing triton)")
 
 
-def gla_short_fwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, gk: torch.Tensor, scale: float) -> torch.Tensor:
-    """GLA output [B, T, H, V] in q's dtype."""
+def _segments(T: int, segment: int) -> tuple[int, int]:
+    """(rows per walk, walks per sequence): the segment length, or the whole sequence (in whole chunks) once."""
+    if segment:
+        return segment, triton.cdiv(T, segment)
+    return max(triton.cdiv(T, CHUNK.value), 1) * CHUNK.value, 1
+
+
+def _no_states(q: torch.Tensor) -> torch.Tensor:
+    """The states output of an unsegmented forward: an empty fp32 tensor."""
+    return q.new_empty(0, dtype=torch.float)
+
+
+def _segment_gates(gk: torch.Tensor, segment: int) -> torch.Tensor:
+    """The log2 gate cumsum from each segment's start, as the chunk-state kernels take it."""
+    return chunk_states.local_cumsum(gk, segment)
+
+
+def gla_short_fwd(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, gk: torch.Tensor, scale: float, segment: int
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """(o, h): the GLA output [B, T, H, V] in q's dtype and, when segmented (segment > 0), the state entering each
+    segment [B, NS, H, K, V] in fp32 (kept for the backward; empty otherwise)."""
     B, T, H, K = q.shape
     V = v.shape[-1]
     o = torch.empty(B, T, H, V, dtype=q.dtype, device=q.device)
     if o.numel() == 0:
-        return o
+        return o, _no_states(q)
+    if segment:
+        h = chunk_states.states(k.contiguous(), v.contiguous(), _segment_gates(gk, segment), segment)
+    else:
+        h = _no_states(q)
+    rows, walks = _segments(T, segment)
     # fp32 outputs take the intra-chunk part in place; 16-bit ones round the sum of both parts once
     accumulator = o if o.dtype == torch.float32 else torch.empty(o.shape, dtype=torch.float32, device=o.device)
     strides = (q.stride(), k.stride(), v.stride(), gk.stride(), o.stride())
@@ -360,67 +446,92 @@ def gla_short_fwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, gk: torch.T
     _kernel("fwd_intra", V)[(B * H, triton.cdiv(T, CHUNK.value))](
         q, k, v, gk, accumulator, *strides, T, H, scale, **meta
     )
-    args = (q, k, v, gk, o, accumulator, *strides, T, H, scale, _programs(B, H))
+    args = (q, k, v, gk, o, accumulator, h, *strides, T, H, scale, rows, _programs(B, H, walks))
+    meta["SEGMENTED"] = bool(segment)
     if INTERPRET:
         block_v = min(V, _INTERP_BLOCK_V)
-        _gla_short_fwd_kernel[(B * H, V // block_v)](*args, BV=block_v, **meta)
+        _gla_short_fwd_kernel[(B * H, walks, V // block_v)](*args, BV=block_v, **meta)
     else:
-        _autotuned("fwd", V)[lambda m: (B * H, V // m["BV"])](*args, **meta)
-    return o
+        _autotuned("fwd", V)[lambda m: (B * H, walks, V // m["BV"])](*args, **meta)
+    return o, h
 
 
 def gla_short_bwd(
-    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, gk: torch.Tensor, do: torch.Tensor, scale: float
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    gk: torch.Tensor,
+    h: torch.Tensor,
+    do: torch.Tensor,
+    scale: float,
+    segment: int,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-    """(dq, dk, dv, dgk) for the output gradient do, each in its operand's dtype, contiguous."""
+    """(dq, dk, dv, dgk) for the output gradient do, each in its operand's dtype, contiguous; h is the forward's."""
     B, T, H, K = q.shape
     dq, dk = torch.empty(q.shape, dtype=q.dtype, device=q.device), torch.empty(k.shape, dtype=k.dtype, device=q.device)
     dv = torch.empty(v.shape, dtype=v.dtype, device=q.device)
     dg = torch.empty(gk.shape, dtype=torch.float32, device=q.device)
-    if dg.numel() and dv.numel():
-        strides = (q.stride(), k.stride(), v.stride(), gk.stride(), do.stride(), dg.stride(), dv.stride())
-        args = (q, k, v, gk, do, dq, dk, dv, dg, *strides, T, H, scale, _programs(B, H))
-        meta = dict(K=K, V=v.shape[-1], PRECISION=_precision(q, k, v))
-        _kernel("bwd", v.shape[-1])[(B * H,)](*args, **meta)
-    else:
+    if not (dg.numel() and dv.numel()):
         dq.zero_(), dk.zero_(), dv.zero_(), dg.zero_()
+        return dq, dk, dv, dg.to(gk.dtype)
+    if segment:
+        dh = chunk_states.state_grads(q.contiguous(), do.contiguous(), _segment_gates(gk, segment), scale, segment)
+    else:
+        dh = h
+    rows, walks = _segments(T, segment)
+    strides = (q.stride(), k.stride(), v.stride(), gk.stride(), do.stride(), dg.stride(), dv.stride())
+    args = (q, k, v, gk, do, dq, dk, dv, dg, h, dh, *strides, T, H, scale, rows, _programs(B, H, walks))
+    meta = dict(K=K, V=v.shape[-1], PRECISION=_precision(q, k, v), SEGMENTED=bool(segment))
+    _kernel("bwd", v.shape[-1])[(B * H, walks)](*args, **meta)
     return dq, dk, dv, dg.to(gk.dtype)
 
 
 @torch.library.custom_op("lkat_lens::gla_short", mutates_args=())
-def _gla_short_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, gk: torch.Tensor, scale: float) -> torch.Tensor:
+def _gla_short_op(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, gk: torch.Tensor, scale: float, segment: int
+) -> tuple[torch.Tensor, torch.Tensor]:
     """The forward as a custom op (opaque to torch.compile)."""
-    return gla_short_fwd(q, k, v, gk, scale)
+    return gla_short_fwd(q, k, v, gk, scale, segment)
 
 
 @_gla_short_op.register_fake
-def _gla_short_fake(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, gk: torch.Tensor, scale: float) -> torch.Tensor:
-    return q.new_empty(*q.shape[:3], v.shape[-1])
+def _gla_short_fake(q, k, v, gk, scale, segment):
+    o = q.new_empty(*q.shape[:3], v.shape[-1])
+    if not segment or o.numel() == 0:
+        return o, _no_states(q)
+    B, T, H, K = q.shape
+    return o, q.new_empty(B, triton.cdiv(T, segment), H, K, v.shape[-1], dtype=torch.float)
 
 
 @torch.library.custom_op("lkat_lens::gla_short_backward", mutates_args=())
 def _gla_short_backward_op(
-    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, gk: torch.Tensor, do: torch.Tensor, scale: float
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    gk: torch.Tensor,
+    h: torch.Tensor,
+    do: torch.Tensor,
+    scale: float,
+    segment: int,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """The backward as a custom op."""
-    return gla_short_bwd(q, k, v, gk, do, scale)
+    return gla_short_bwd(q, k, v, gk, h, do, scale, segment)
 
 
 @_gla_short_backward_op.register_fake
-def _gla_short_backward_fake(
-    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, gk: torch.Tensor, do: torch.Tensor, scale: float
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+def _gla_short_backward_fake(q, k, v, gk, h, do, scale, segment):
     return q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape), gk.new_empty(gk.shape)
 
 
-def _setup_context(ctx, inputs: tuple, output: torch.Tensor) -> None:
-    q, k, v, gk, scale = inputs
-    ctx.save_for_backward(q, k, v, gk)
-    ctx.scale = scale
+def _setup_context(ctx, inputs: tuple, output: tuple) -> None:
+    q, k, v, gk, scale, segment = inputs
+    ctx.mark_non_differentiable(output[1])
+    ctx.save_for_backward(q, k, v, gk, output[1])
+    ctx.args = (scale, segment)
 
 
-def _backward(ctx, do: torch.Tensor, kernel) -> tuple:
-    return (*kernel(*ctx.saved_tensors, do, ctx.scale), None)
+def _backward(ctx, do: torch.Tensor, _dh, kernel) -> tuple:
+    return (*kernel(*ctx.saved_tensors, do, *ctx.args), None, None)
 
 
 _gla_short = differentiable(
@@ -428,7 +539,16 @@ _gla_short = differentiable(
 )
 
 
-def gla_short(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, gk: torch.Tensor, scale: float | None = None):
-    """Differentiable GLA output [B, T, H, V] (q's dtype) by the on-chip short-sequence kernels."""
-    _check(q, k, v, gk)
-    return _gla_short(q, k, v, gk, q.shape[-1] ** -0.5 if scale is None else float(scale))
+def gla_short(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    gk: torch.Tensor,
+    scale: float | None = None,
+    segment: int | None = None,
+):
+    """Differentiable GLA output [B, T, H, V] (q's dtype) by the on-chip kernels, walking segments of `segment`
+    tokens in parallel (0: the whole sequence in one walk; None: segment_length(T))."""
+    segment = segment_length(q.shape[1]) if segment is None else int(segment)
+    _check(q, k, v, gk, segment)
+    return _gla_short(q, k, v, gk, q.shape[-1] ** -0.5 if scale is None else float(scale), segment)[0]

@@ -11,7 +11,7 @@ from tolerance import rel_max
 
 import lkat_lens
 from lkat_lens.kernels.gla import gated_linear_attention, gla_recurrent
-from lkat_lens.kernels.gla_short import gla_short
+from lkat_lens.kernels.gla_short import SEGMENT, gla_short
 
 pytestmark = [
     pytest.mark.gpu,
@@ -74,37 +74,56 @@ def test_lkat_s_shape_no_less_exact_than_fla(dtype: torch.dtype, fla_mode: str) 
             assert ours[name][1] <= 1.05 * fla[name][1], (name, ours[name], fla[name])
 
 
-@pytest.mark.parametrize("T", [1, 17, 64, 201, 1024])
+@pytest.mark.parametrize("T", [1, 17, 64, 201, 511, 512, 1024, 4097])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
 def test_lengths_match_recurrence(dtype: torch.dtype, T: int) -> None:
+    """Every T within TOL of the fp64 recurrence; from SEGMENTS_MIN_T (512) on, walked in segments."""
     result = errors(mode("short"), make_inputs(B=2, T=T, H=4, K=64, V=64, dtype=dtype, seed=T))
     assert all(result[name][0] < TOL[dtype] for name in NAMES), result
 
 
+@pytest.mark.parametrize("segment", [64, SEGMENT])
+def test_segment_lengths_no_less_exact_than_fla_chunk(segment: int) -> None:
+    """LKAT-S's heads at 1024^2 (4,097 tokens, the last segment one row): segments of up to SEGMENT tokens within
+    TOL of the fp64 recurrence and no further from it than fla's chunk_gla. (Longer walks sum dgk's reverse cumsum
+    over more rows: at this shape one walk, 256 and 512 gave dgk Frobenius errors of 5.8e-3, 2.3e-3 and 2.7e-3
+    against chunk_gla's 2.2e-3, H200 2026-11-26; gla_short.SEGMENT keeps to 128.)"""
+    inputs = make_inputs(B=2, T=4097, H=6, K=64, V=64, dtype=torch.bfloat16, seed=5)
+    ours = errors(lambda *x: gla_short(*x, segment=segment), inputs)
+    fla = errors(mode("chunk"), inputs)
+    print(f"\nsegments of {segment}: {ours}\nchunk: {fla}")
+    for name in NAMES:
+        assert ours[name][0] < TOL[torch.bfloat16], (name, ours[name])
+        assert ours[name][1] <= 1.05 * fla[name][1], (name, ours[name], fla[name])
+
+
+@pytest.mark.parametrize("T", [201, 1000])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
-def test_fast_decaying_gates_take_the_level_walk(dtype: torch.dtype) -> None:
+def test_fast_decaying_gates_take_the_level_walk(dtype: torch.dtype, T: int) -> None:
     """Gates that decay by more than SAFE_LOG within a chunk (batch 4 onwards: logsigmoid(randn) * 8, about -100 per
     chunk) send those sequences to the level walk in the launch where batch 0-3 take the direct one: all within
-    TOL of the fp64 recurrence."""
-    inputs = make_inputs(B=8, T=201, H=6, K=64, V=64, dtype=dtype, seed=3)
+    TOL of the fp64 recurrence, in one walk (201 tokens) and in segments (1,000)."""
+    inputs = make_inputs(B=8, T=T, H=6, K=64, V=64, dtype=dtype, seed=3)
     gen = torch.Generator(device="cuda").manual_seed(4)
     inputs[3][4:] = F.logsigmoid(torch.randn(inputs[3][4:].shape, device="cuda", generator=gen)) * 8
     result = errors(mode("short"), inputs)
     assert all(result[name][0] < TOL[dtype] for name in NAMES), result
 
 
-def test_conv_layout_v_gives_identical_results() -> None:
-    """v in a conv output's layout (t fastest, as VisionGLA makes it) needs no copy and changes no bit."""
-    q, k, v, gk, do = make_inputs(B=2, T=201, H=6, K=64, V=64, dtype=torch.bfloat16)
+@pytest.mark.parametrize("T", [201, 1000])
+def test_conv_layout_v_gives_identical_results(T: int) -> None:
+    """v in a conv output's layout (t fastest, as VisionGLA makes it) changes no bit, in one walk and in segments."""
+    q, k, v, gk, do = make_inputs(B=2, T=T, H=6, K=64, V=64, dtype=torch.bfloat16)
     v_conv = v.flatten(2).transpose(1, 2).contiguous().transpose(1, 2).unflatten(2, (6, 64))
     plain = output_and_grads(gla_short, q, k, v, gk, do)
     strided = output_and_grads(gla_short, q, k, v_conv, gk, do)
     assert all(torch.equal(a, b) for a, b in zip(plain, strided, strict=True))
 
 
-def test_compiled_without_graph_break() -> None:
+@pytest.mark.parametrize("T", [201, 1000])
+def test_compiled_without_graph_break(T: int) -> None:
     """torch.compile(fullgraph=True) with inductor keeps the custom op and gives the eager results."""
-    inputs = make_inputs(B=4, T=201, H=6, K=64, V=64, dtype=torch.bfloat16)
+    inputs = make_inputs(B=4, T=T, H=6, K=64, V=64, dtype=torch.bfloat16)
 
     def fn(q, k, v, gk):
         return gla_short(q * 2, k, v, F.logsigmoid(gk) / 16) + 1
