@@ -146,8 +146,9 @@ def test_dispatcher_on_cpu_runs_torch_path() -> None:
         (201, 64, torch.bfloat16, True, "short"),  # training at the lengths where short was faster
         (401, 64, torch.bfloat16, True, "short"),
         (201, 64, torch.bfloat16, False, "short"),  # inference: short's forward was faster too
-        (1029, 64, torch.bfloat16, True, "short"),  # a 512^2 image's tokens: short's last win in the sweep
-        (1537, 64, torch.bfloat16, True, "chunk"),  # past AUTO_SHORT_MAX_T
+        (1029, 64, torch.bfloat16, True, "short"),  # a 512^2 image's tokens: walked in segments
+        (16389, 64, torch.bfloat16, True, "short"),  # 2048^2: segments too
+        (16389, 64, torch.bfloat16, False, "short"),
         (201, 48, torch.bfloat16, True, "chunk"),  # a head dim the short kernel does not take
         (21, 64, torch.bfloat16, True, "fused_recurrent"),  # T <= AUTO_RECURRENT_MAX_T
         (201, 64, torch.float32, True, "fused_recurrent"),  # chunk faults on fp32

@@ -5,23 +5,24 @@ Recurrence: S_t = diag(exp(gk_t)) S_{t-1} + k_t v_t^T (S: [K, V]), o_t = scale *
 States are [B, H, K, V]. The torch paths accumulate in fp32 (fp64 for fp64 inputs) and return q.dtype.
 
 Dispatcher modes (`gated_linear_attention`):
-- "chunk": fla's `chunk_gla` on CUDA (chunk-parallel; best for long sequences and training).
+- "chunk": fla's `chunk_gla` on CUDA (chunk-parallel; what "auto" takes for head dims the short kernels lack).
 - "fused_recurrent": fla's `fused_recurrent_gla` on CUDA (one fused sequential kernel; best for short ones).
-- "short": `kernels.gla_short` on CUDA (one program per (batch, head) keeps the state on chip; made for
-  T <= AUTO_SHORT_MAX_T, head dims 16..128). A torch custom op: torch.compile does not break the graph there.
-- "auto": "fused_recurrent" for fp32 inputs or T <= AUTO_RECURRENT_MAX_T; otherwise "short" up to AUTO_SHORT_MAX_T
-  tokens (head dims permitting), else "chunk". The threshold is the H100 length sweep (`bench_gla.py --lengths`,
-  bf16, tokens per batch held at 128 x 201, 6 heads of 64, each replayed as a CUDA graph, so that the GPU's time is
-  compared and not Python's dispatch; 2026-11-25, short with its direct intra-chunk products): short's forward +
-  backward took 0.55, 0.55, 0.58, 0.92, 1.08 and 1.38x chunk's time at T = 64, 201, 401, 1029, 1537 and 2048, its
-  forward alone 0.64, 0.65, 0.67, 1.01, 1.11 and 1.33x (few programs: one per (batch, head) walks T); the GPU tests
-  check it against the fp64 recurrence at every T (tests/gpu/test_gla_short_gpu.py). Before the direct products the
-  sweep (2026-11-24) crossed between 401 and 1029 tokens and the threshold was 512. Inference takes short too
-  since its forward is two kernels: in CUDA-graphed LKAT-T and LKAT-S forwards (bench_model.py --compare --attn
-  auto short, one run each) short gave 23,320 and 10,680 img/s against chunk's 20,330 and 10,320. fla 0.6.0's
-  `chunk_gla` faults with "CUDA error: misaligned address" on fp32 inputs (seen on an H100, torch 2.11, Triton 3.6;
-  the fault poisons the CUDA context); `fused_recurrent_gla` is accurate there. At T = 21, B = 32, H = 6, K = V = 64
-  in bf16 on an H100, forward + backward took 1.0 ms fused_recurrent, 2.5 ms chunk.
+- "short": `kernels.gla_short` on CUDA (one program per (batch, head, segment) keeps the state on chip; from
+  gla_short.SEGMENTS_MIN_T tokens a sequence is walked in segments of gla_short.SEGMENT, the states between them
+  passed in parallel; head dims 16..128). A torch custom op: torch.compile does not break the graph there.
+- "auto": "fused_recurrent" for fp32 inputs or T <= AUTO_RECURRENT_MAX_T; otherwise "short" (head dims permitting),
+  else "chunk". The length sweep (`bench_gla.py --lengths 16389 4101 1029 513 201`, bf16, tokens per batch held at
+  128 x 201, 6 heads of 64, each replayed as a CUDA graph, so that the GPU's time is compared and not Python's
+  dispatch; H200, 2026-11-26): short's forward + backward took 0.71, 0.76, 0.81, 0.81 and 0.60x chunk's time (chunk
+  with its states passed in parallel) at T = 16,389, 4,101, 1,029, 513 and 201, its forward alone 0.83, 0.92, 1.02,
+  1.00 and 0.69x; the GPU tests check it against the fp64 recurrence at every T (tests/gpu/test_gla_short_gpu.py).
+  Before the segments (one walk per sequence, H100 sweep of 2026-11-25) short lost from about 1,280 tokens on
+  (1.08x at 1,537, 1.38x at 2,048), and "auto" took chunk there. Inference takes short too: in CUDA-graphed LKAT-T
+  and LKAT-S forwards (bench_model.py --compare --attn auto short, one run each) short gave 23,320 and 10,680 img/s
+  against chunk's 20,330 and 10,320. fla 0.6.0's `chunk_gla` faults with "CUDA error: misaligned address" on fp32
+  inputs (seen on an H100, torch 2.11, Triton 3.6; the fault poisons the CUDA context); `fused_recurrent_gla` is
+  accurate there. At T = 21, B = 32, H = 6, K = V = 64 in bf16 on an H100, forward + backward took 1.0 ms
+  fused_recurrent, 2.5 ms chunk.
 - "torch": `gla_chunked` with TORCH_CHUNK_SIZE, the exact torch form (the fastest chunk size measured on CPU).
   Inputs on the CPU always take this path, whatever the mode, since fla's Triton kernels cannot run there
   (fla is imported only when a CUDA path is taken).
@@ -39,7 +40,6 @@ from .dtypes import compute_dtype
 
 MODES = ("auto", "chunk", "fused_recurrent", "short", "torch")
 AUTO_RECURRENT_MAX_T = 64
-AUTO_SHORT_MAX_T = 1280  # between the sweep's last win (1029 tokens, 0.92x) and its first loss (1537, 1.08x)
 TORCH_CHUNK_SIZE = 32
 SUB_CHUNK = 4
 
@@ -187,7 +187,7 @@ def _auto_mode(q: torch.Tensor, v: torch.Tensor) -> str:
     T = q.shape[1]
     if T <= AUTO_RECURRENT_MAX_T or q.dtype == torch.float32:
         return "fused_recurrent"
-    return "short" if T <= AUTO_SHORT_MAX_T and gla_short.supports(q, v) else "chunk"
+    return "short" if gla_short.supports(q, v) else "chunk"
 
 
 def _prefix_sums(gk: torch.Tensor) -> torch.Tensor:
