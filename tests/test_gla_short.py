@@ -50,8 +50,8 @@ SEGMENTED_CASES = {
         (97, 32, 16, "mixed", "float32", "contiguous", 32),  # direct walks in batch 0, levels in batch 1
         (64, 16, 16, "near_one", "float32", "contiguous", 16),  # segments of one chunk
         (50, 16, 16, "extreme", "float32", "contiguous", 16),
-        (150, 64, 64, "mild", "bfloat16", "model", 64),
-        (80, 32, 64, "strong", "bfloat16", "contiguous", 32),
+        (150, 32, 32, "mild", "bfloat16", "model", 64),
+        (80, 16, 32, "strong", "bfloat16", "contiguous", 32),
     ]
 }
 
@@ -123,7 +123,7 @@ def interpreter_measurements() -> dict:
     results = {cid: _measure_case(case) for cid, case in CASES.items()}
     results |= {cid: _measure_case(case[:6], case[6]) for cid, case in SEGMENTED_CASES.items()}
     results["op"] = _check_op_and_compile(5, 0)
-    results["op_segmented"] = _check_op_and_compile(40, 16)
+    results["op_segmented"] = _check_op_and_compile(20, 16)
     return results
 
 
