@@ -151,14 +151,16 @@ def lkat_high_resolution(T: int = 16389, batch: int = 2, heads: int = 6, head_di
         "chunk_states own state grads": lambda: chunk_states._own_terms("grads", q, do, g, 64, 0.125),
         "chunk_states scan": lambda: chunk_states.scan(x, g, 64),
         "chunk_states scan reverse": lambda: chunk_states.scan(x, g, 64, reverse=True),
-        "chunk_states own states (segments)": lambda: chunk_states._own_terms("states", k, v, g, segment),
-        "chunk_states own state grads (segments)": lambda: chunk_states._own_terms("grads", q, do, g, segment, 0.1),
+        "chunk_states own states (segments)": lambda: chunk_states._own_terms("states", k, v, g, segment, raw=True),
+        "chunk_states own state grads (segments)": lambda: chunk_states._own_terms(
+            "grads", q, do, g, segment, 0.1, raw=True
+        ),
     }
 
 
 def lkat_segments(T: int = 4097, batch: int = 6, heads: int = 6, head_dim: int = 64) -> dict[str, Callable]:
     """The launchers of the short GLA kernels walking segments (LKAT-S at 1024^2: six images of 4,097 tokens), each
-    with the chunk-state kernels it launches (gate cumsum, own terms, scan)."""
+    with the chunk-state kernels it launches (own terms from the gates, scan)."""
     q, k, v, do = (torch.randn(batch, T, heads, head_dim, dtype=torch.bfloat16) for _ in range(4))
     gk = F.logsigmoid(torch.randn(batch, T, heads, head_dim)) / 16
     segment, scale = gla_short.SEGMENT, head_dim**-0.5

@@ -17,9 +17,10 @@ chunks of BT tokens, NT of them, and d_c[k] = 2^(g at chunk c's last token) the 
 h and dh are laid out as fla's ([B, NT, H, K, V]) and feed its other chunk kernels (`kernels.gla_fla`). fla 0.6.0
 has the own-term step too (`chunk_h_parallel`), but in natural log units, which would need a second cumsum of the
 gates, and it sums the terms in another serial walk. The same steps give `kernels.gla_short` the state entering each
-of its segments and the gradient of the state after it: there a chunk is a segment (128 tokens), g comes from
-`local_cumsum`, and the own-term kernels sum a chunk in blocks of 64 tokens. Their products take the operands'
-dtype (bf16 in LKAT), fp32 operands exactly (IEEE, as the short kernels do).
+of its segments and the gradient of the state after it (`states_from_gates`, `state_grads_from_gates`): there a
+chunk is a segment (128 tokens), the own-term kernels take the log gates themselves and sum them along the chunk in
+blocks of 64 tokens (the cumsum never written out), and hand the scan each chunk's total. Their products take the
+operands' dtype (bf16 in LKAT), fp32 operands exactly (IEEE, as the short kernels do).
 
 Why: at 2048^2 an LKAT-S batch is two sequences of 16,389 tokens, 257 chunks of 64. fla's walks there ran 48
 programs stepping 257 times: 11.5 ms of a 53 ms training step on an H200. Here the own terms take 45-55 us a call and
@@ -45,6 +46,7 @@ INTERPRET = os.environ.get("TRITON_INTERPRET", "0") == "1"
 _INTERP_TILE = {"BE": 64, "BC": 4}  # small blocks under the interpreter, so the tests cross several of them
 _INTERP_STATE_TILE = {"BK": 16, "BV": 16}
 _TOKEN_BLOCK = 64  # the kernels walk a chunk in blocks of at most this many tokens
+RCP_LN2: tl.constexpr = tl.constexpr(1 / math.log(2))
 # Triton 3.8's interpreter gets tl.dot of 16-bit operands wrong (values ~1e10), so there the own terms' products
 # take fp32 operands; compiled kernels multiply in the operands' dtype.
 _DOT_IN_FP32: tl.constexpr = tl.constexpr(INTERPRET)
@@ -136,45 +138,72 @@ def _store_state(x, value, i_b, c, i_h, o_k, o_v, m_kv, NT, H: tl.constexpr, K: 
 
 
 @triton.jit
-def _own_states_kernel(k, v, g, x, T, NT, H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr,
-                       BK: tl.constexpr, BV: tl.constexpr, BS: tl.constexpr, PRECISION: tl.constexpr):  # fmt: skip
+def _store_totals(gl, total, i_b, c, i_h, o_k, NT, H: tl.constexpr, K: tl.constexpr, BV: tl.constexpr, V: tl.constexpr):
+    """gl[i_b, c, i_h, o_k] = total * log2(e) (a chunk's gate sum in log2 units) from the first V tile's programs."""
+    if tl.program_id(0) % tl.cdiv(V, BV) == 0:
+        tl.store(gl + ((i_b * NT + c).to(tl.int64) * H + i_h) * K + o_k, total * RCP_LN2, mask=o_k < K)
+
+
+@triton.jit
+def _own_states_kernel(k, v, g, x, gl, T, NT, H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr,
+                       BK: tl.constexpr, BV: tl.constexpr, BS: tl.constexpr, PRECISION: tl.constexpr,
+                       RAW: tl.constexpr):  # fmt: skip
     """x[c + 1] of chunk c (x[0] = 0 from chunk 0's programs) for one (K, V) tile of one (sequence, head), summed
-    over the chunk's blocks of BS tokens."""
+    over the chunk's blocks of BS tokens. RAW: g holds the log gates themselves (natural units); the blocks are
+    taken last first, the decay to the chunk's end summed on the way, and the chunk's gate sum goes to gl."""
     i_c, i_b, i_h, o_k, o_v, m_kv = _own_term_program(H, K, V, BK, BV)
     if i_c == 0:
         _store_state(x, tl.zeros([BK, BV], dtype=tl.float32), i_b, 0, i_h, o_k, o_v, m_kv, NT, H, K, V)
     if i_c < NT - 1:
-        last = tl.minimum((i_c + 1) * BT, T) - 1
-        g_last = tl.load(g + ((i_b * T + last).to(tl.int64) * H + i_h) * K + o_k, mask=o_k < K, other=0.0)
+        if not RAW:
+            last = tl.minimum((i_c + 1) * BT, T) - 1
+            g_last = tl.load(g + ((i_b * T + last).to(tl.int64) * H + i_h) * K + o_k, mask=o_k < K, other=0.0)
         acc = tl.zeros([BK, BV], dtype=tl.float32)
-        for s in tl.static_range(0, BT, BS):
-            o_t = i_c * BT + s + tl.arange(0, BS)
+        later = tl.zeros([BK], dtype=tl.float32)  # RAW: the gate sum over the chunk's rows after this block
+        for j in tl.static_range(BT // BS):
+            o_t = i_c * BT + ((BT // BS - 1 - j) if RAW else j) * BS + tl.arange(0, BS)
             m_t = o_t < T
-            b_g = _chunk_tile(g, i_b, i_h, o_t, m_t, o_k, T, H, K)
+            b_g = _chunk_tile(g, i_b, i_h, o_t, m_t, o_k, T, H, K).to(tl.float32)
+            if RAW:
+                decay = tl.exp(tl.cumsum(b_g, axis=1, reverse=True) - b_g + later[:, None])
+                later += tl.sum(b_g, axis=1)
+            else:
+                decay = tl.exp2(g_last[:, None] - b_g)
             b_k = _chunk_tile(k, i_b, i_h, o_t, m_t, o_k, T, H, K)
-            b_k = tl.where(m_t[None, :], b_k * tl.exp2(g_last[:, None] - b_g), 0.0).to(k.dtype.element_ty)
+            b_k = tl.where(m_t[None, :], b_k * decay, 0.0).to(k.dtype.element_ty)
             acc += _dot(b_k, tl.trans(_chunk_tile(v, i_b, i_h, o_t, m_t, o_v, T, H, V)), PRECISION)
         _store_state(x, acc, i_b, i_c + 1, i_h, o_k, o_v, m_kv, NT, H, K, V)
+        if RAW:
+            _store_totals(gl, later, i_b, i_c, i_h, o_k, NT, H, K, BV, V)
 
 
 @triton.jit
-def _own_state_grads_kernel(q, do, g, x, scale, T, NT, H: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
+def _own_state_grads_kernel(q, do, g, x, gl, scale, T, NT, H: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
                             BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, BS: tl.constexpr,
-                            PRECISION: tl.constexpr):  # fmt: skip
-    """x[c - 1] of chunk c (x[NT - 1] = 0 from the last chunk's programs) for one (K, V) tile."""
+                            PRECISION: tl.constexpr, RAW: tl.constexpr):  # fmt: skip
+    """x[c - 1] of chunk c (x[NT - 1] = 0 from the last chunk's programs) for one (K, V) tile. RAW: g holds the log
+    gates themselves; their cumsum from the chunk's start is taken on the way, and the chunk's gate sum goes to gl."""
     i_c, i_b, i_h, o_k, o_v, m_kv = _own_term_program(H, K, V, BK, BV)
     if i_c == NT - 1:
         _store_state(x, tl.zeros([BK, BV], dtype=tl.float32), i_b, NT - 1, i_h, o_k, o_v, m_kv, NT, H, K, V)
     if i_c > 0:
         acc = tl.zeros([BK, BV], dtype=tl.float32)
-        for s in tl.static_range(0, BT, BS):
-            o_t = i_c * BT + s + tl.arange(0, BS)
+        earlier = tl.zeros([BK], dtype=tl.float32)  # RAW: the gate sum over the chunk's rows before this block
+        for j in tl.static_range(BT // BS):
+            o_t = i_c * BT + j * BS + tl.arange(0, BS)
             m_t = o_t < T
-            b_g = _chunk_tile(g, i_b, i_h, o_t, m_t, o_k, T, H, K)
+            b_g = _chunk_tile(g, i_b, i_h, o_t, m_t, o_k, T, H, K).to(tl.float32)
+            if RAW:
+                decay = tl.exp(tl.cumsum(b_g, axis=1) + earlier[:, None])
+                earlier += tl.sum(b_g, axis=1)
+            else:
+                decay = tl.exp2(b_g)
             b_q = _chunk_tile(q, i_b, i_h, o_t, m_t, o_k, T, H, K)
-            b_q = tl.where(m_t[None, :], b_q * tl.exp2(b_g) * scale, 0.0).to(q.dtype.element_ty)
+            b_q = tl.where(m_t[None, :], b_q * decay * scale, 0.0).to(q.dtype.element_ty)
             acc += _dot(b_q, tl.trans(_chunk_tile(do, i_b, i_h, o_t, m_t, o_v, T, H, V)), PRECISION)
         _store_state(x, acc, i_b, i_c - 1, i_h, o_k, o_v, m_kv, NT, H, K, V)
+        if RAW:
+            _store_totals(gl, earlier, i_b, i_c, i_h, o_k, NT, H, K, BV, V)
 
 
 @triton.jit
@@ -185,14 +214,18 @@ def _linear_step(a1, b1, a2, b2):
 
 @triton.jit
 def _scan_block(x, g, start, i_b, i_h, o_e, o_k, m_e, T, NT, H: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
-                BT: tl.constexpr, BC: tl.constexpr, REVERSE: tl.constexpr):  # fmt: skip
-    """(decays a, terms b, their offsets, mask) of the BC scan positions from `start`: [BC, BE] tiles."""
+                BT: tl.constexpr, BC: tl.constexpr, REVERSE: tl.constexpr, TOTALS: tl.constexpr):  # fmt: skip
+    """(decays a, terms b, their offsets, mask) of the BC scan positions from `start`: [BC, BE] tiles. The decay of
+    chunk n is 2^(g at its last token), or 2^g[n] with TOTALS (g: [B, NT, H, K], each chunk's log2 gate sum)."""
     i = start + tl.arange(0, BC)  # scan position
     c = NT - 1 - i if REVERSE else i  # its chunk
     n = c + 1 if REVERSE else c - 1  # the chunk whose decay carries its state into chunk c
     m_c = i < NT
-    last = (tl.minimum((n + 1) * BT, T) - 1).to(tl.int64)
-    p_g = g + ((i_b * T + last) * H + i_h)[:, None] * K + o_k[None, :]
+    if TOTALS:
+        p_g = g + ((i_b * NT + n).to(tl.int64) * H + i_h)[:, None] * K + o_k[None, :]
+    else:
+        last = (tl.minimum((n + 1) * BT, T) - 1).to(tl.int64)
+        p_g = g + ((i_b * T + last) * H + i_h)[:, None] * K + o_k[None, :]
     a = tl.exp2(tl.load(p_g, mask=(m_c & (i > 0))[:, None] & m_e[None, :], other=float("-inf")))
     o_x = ((i_b * NT + c).to(tl.int64) * H + i_h)[:, None] * (K * V) + o_e[None, :]
     m_x = m_c[:, None] & m_e[None, :]
@@ -201,7 +234,7 @@ def _scan_block(x, g, start, i_b, i_h, o_e, o_k, m_e, T, NT, H: tl.constexpr, K:
 
 @triton.jit
 def _scan_kernel(x, g, y, T, NT, H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr,
-                 BE: tl.constexpr, BC: tl.constexpr, REVERSE: tl.constexpr):  # fmt: skip
+                 BE: tl.constexpr, BC: tl.constexpr, REVERSE: tl.constexpr, TOTALS: tl.constexpr):  # fmt: skip
     """y for BE state elements (k, v flattened) of one (sequence, head), through all NT chunks in blocks of BC; each
     block's loads are issued before the previous block is scanned (their latency hidden behind its work)."""
     i_e, i_bh = tl.program_id(0), tl.program_id(1)
@@ -210,10 +243,10 @@ def _scan_kernel(x, g, y, T, NT, H: tl.constexpr, K: tl.constexpr, V: tl.constex
     m_e = o_e < K * V
     o_k = o_e // V
     carry = tl.zeros([BE], dtype=tl.float32)
-    a, b, o_x, m_x = _scan_block(x, g, 0, i_b, i_h, o_e, o_k, m_e, T, NT, H, K, V, BT, BC, REVERSE)
+    a, b, o_x, m_x = _scan_block(x, g, 0, i_b, i_h, o_e, o_k, m_e, T, NT, H, K, V, BT, BC, REVERSE, TOTALS)
     for start in range(BC, NT + BC, BC):
         a_next, b_next, o_next, m_next = _scan_block(x, g, start, i_b, i_h, o_e, o_k, m_e, T, NT, H, K, V, BT, BC,
-                                                     REVERSE)  # fmt: skip
+                                                     REVERSE, TOTALS)  # fmt: skip
         a_cum, b_cum = tl.associative_scan((a, b), 0, _linear_step)
         out = a_cum * carry[None, :] + b_cum
         tl.store(y + o_x, out.to(y.dtype.element_ty), mask=m_x)
@@ -249,33 +282,44 @@ def scan(x: torch.Tensor, g: torch.Tensor, chunk_size: int, reverse: bool = Fals
     T = g.shape[1]
     if g.shape != (B, T, H, K) or NT != triton.cdiv(T, chunk_size):
         raise ValueError(f"chunk states {tuple(x.shape)} do not fit gates {tuple(g.shape)} in chunks of {chunk_size}")
+    return _scan(x, g, T, chunk_size, reverse, out_dtype, totals=False)
+
+
+def _scan(x, g, T: int, chunk_size: int, reverse: bool, out_dtype, totals: bool) -> torch.Tensor:
+    """The scan's launch; g is the log2 gate cumsum [B, T, H, K], or with `totals` each chunk's sum [B, NT, H, K]."""
+    B, NT, H, K, V = x.shape
     y = torch.empty_like(x, dtype=out_dtype or x.dtype)
     args = (x, g, y, T, NT, H, K, V, chunk_size)
     grid = lambda m: (triton.cdiv(K * V, m["BE"]), B * H)  # noqa: E731
     if INTERPRET:
-        _scan_kernel[grid(_INTERP_TILE)](*args, **_INTERP_TILE, REVERSE=reverse)
+        _scan_kernel[grid(_INTERP_TILE)](*args, **_INTERP_TILE, REVERSE=reverse, TOTALS=totals)
     else:
-        _autotuned("scan")[grid](*args, REVERSE=reverse)
+        _autotuned("scan")[grid](*args, REVERSE=reverse, TOTALS=totals)
     return y
 
 
-def _own_terms(name: str, a: torch.Tensor, b: torch.Tensor, g: torch.Tensor, chunk_size: int, *scale) -> torch.Tensor:
-    """The own terms [B, NT, H, K, V] (fp32) of kernel `name` from a [B, T, H, K] and b [B, T, H, V]."""
+def _own_terms(
+    name: str, a: torch.Tensor, b: torch.Tensor, g: torch.Tensor, chunk_size: int, *scale, raw: bool = False
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """(x, totals): the own terms [B, NT, H, K, V] (fp32) of kernel `name` from a [B, T, H, K] and b [B, T, H, V],
+    and with `raw` gates (natural units, not a cumsum) each chunk's log2 gate sum [B, NT, H, K] (else empty)."""
     if a.shape != g.shape or b.shape[:3] != g.shape[:3] or not is_chunk_size(chunk_size):
         raise ValueError(f"{tuple(a.shape)}, {tuple(b.shape)} and gates {tuple(g.shape)} do not fit chunks of "
                          f"{chunk_size} (tl.dot needs a power of two, 16 or more)")  # fmt: skip
     B, T, H, K, V = *a.shape, b.shape[-1]
     NT = triton.cdiv(T, chunk_size)
     x = a.new_empty(B, NT, H, K, V, dtype=torch.float)
-    args = (a, b, g, x, *scale, T, NT, H, K, V, chunk_size)
+    totals = a.new_empty((B, NT, H, K) if raw else (0,), dtype=torch.float)
+    args = (a, b, g, x, totals, *scale, T, NT, H, K, V, chunk_size)
     grid = lambda m: (triton.cdiv(K, m["BK"]) * triton.cdiv(V, m["BV"]), NT, B * H)  # noqa: E731
     # exact products of fp32 operands (as gla_short's walks take them), TF32 would cost fp32 inputs ~5e-4
-    meta = dict(BS=min(chunk_size, _TOKEN_BLOCK), PRECISION="ieee" if a.dtype == b.dtype == torch.float32 else "tf32")
+    precision = "ieee" if a.dtype == b.dtype == torch.float32 else "tf32"
+    meta = dict(BS=min(chunk_size, _TOKEN_BLOCK), PRECISION=precision, RAW=raw)
     if INTERPRET:
         _OWN_KERNELS[name][grid(_INTERP_STATE_TILE)](*args, **_INTERP_STATE_TILE, **meta)
     else:
         _autotuned(name)[grid](*args, **meta)
-    return x
+    return x, totals
 
 
 def is_chunk_size(chunk_size: int) -> bool:
@@ -283,45 +327,25 @@ def is_chunk_size(chunk_size: int) -> bool:
     return chunk_size >= 16 and chunk_size & (chunk_size - 1) == 0
 
 
-@triton.jit
-def _local_cumsum_kernel(gk, g, scale, T, H: tl.constexpr, K: tl.constexpr, BT: tl.constexpr, BS: tl.constexpr,
-                         BK: tl.constexpr):  # fmt: skip
-    """g = scale * the cumsum of gk from the start of its chunk, for one chunk of one (sequence, head), in blocks of
-    BS tokens with the running sum carried."""
-    i_c, i_bh = tl.program_id(0), tl.program_id(1)
-    i_b, i_h = i_bh // H, i_bh % H
-    o_k = tl.arange(0, BK)
-    carry = tl.zeros([BK], dtype=tl.float32)
-    for s in tl.static_range(0, BT, BS):
-        o_t = i_c * BT + s + tl.arange(0, BS)
-        p = ((i_b * T + o_t).to(tl.int64) * H + i_h)[:, None] * K + o_k[None, :]
-        m = (o_t < T)[:, None] & (o_k < K)[None, :]
-        y = tl.cumsum(tl.load(gk + p, mask=m, other=0.0).to(tl.float32) * scale, axis=0) + carry[None, :]
-        tl.store(g + p, y, mask=m)
-        carry = tl.sum(tl.where((tl.arange(0, BS) == BS - 1)[:, None], y, 0.0), axis=0)
-
-
-def local_cumsum(gk: torch.Tensor, chunk_size: int) -> torch.Tensor:
-    """The chunk-local cumsum of log gates gk [B, T, H, K] in log2 units (fp32, contiguous): the g these kernels
-    take, as fla's chunk_local_cumsum(gk, chunk_size, scale=1 / ln 2) computes it for its own chunk kernels."""
-    if gk.dim() != 4 or not is_chunk_size(chunk_size):
-        raise ValueError(f"gates {tuple(gk.shape)} do not fit chunks of {chunk_size} (a power of two, 16 or more)")
-    B, T, H, K = gk.shape
-    gk = gk.contiguous()
-    g = torch.empty(gk.shape, dtype=torch.float, device=gk.device)
-    if g.numel():
-        block = min(chunk_size, _TOKEN_BLOCK)
-        _local_cumsum_kernel[(triton.cdiv(T, chunk_size), B * H)](
-            gk, g, 1 / math.log(2), T, H, K, chunk_size, block, triton.next_power_of_2(K)
-        )
-    return g
-
-
 def states(k: torch.Tensor, v: torch.Tensor, g: torch.Tensor, chunk_size: int, dtype=None) -> torch.Tensor:
-    """h [B, NT, H, K, V]: the state entering each chunk, in dtype (fp32 by default)."""
-    return scan(_own_terms("states", k, v, g, chunk_size), g, chunk_size, out_dtype=dtype)
+    """h [B, NT, H, K, V]: the state entering each chunk, in dtype (fp32 by default), from g the chunk-local log2
+    gate cumsum (fla's g_cumsum)."""
+    return scan(_own_terms("states", k, v, g, chunk_size)[0], g, chunk_size, out_dtype=dtype)
 
 
 def state_grads(q: torch.Tensor, do: torch.Tensor, g: torch.Tensor, scale: float, chunk_size: int) -> torch.Tensor:
     """dh [B, NT, H, K, V] in fp32: the gradient of the state after each chunk (fla's chunk_bwd_dh)."""
-    return scan(_own_terms("grads", q, do, g, chunk_size, scale), g, chunk_size, reverse=True)
+    return scan(_own_terms("grads", q, do, g, chunk_size, scale)[0], g, chunk_size, reverse=True)
+
+
+def states_from_gates(k: torch.Tensor, v: torch.Tensor, gk: torch.Tensor, chunk_size: int) -> torch.Tensor:
+    """`states` (fp32) from the log gates gk themselves [B, T, H, K] (natural units): the own-term kernel sums them
+    along each chunk and hands the scan each chunk's total, so no cumsum of the gates is written."""
+    x, totals = _own_terms("states", k, v, gk.contiguous(), chunk_size, raw=True)
+    return _scan(x, totals, gk.shape[1], chunk_size, False, None, totals=True)
+
+
+def state_grads_from_gates(q: torch.Tensor, do: torch.Tensor, gk: torch.Tensor, scale: float, chunk_size: int):
+    """`state_grads` from the log gates gk themselves, as `states_from_gates`."""
+    x, totals = _own_terms("grads", q, do, gk.contiguous(), chunk_size, scale, raw=True)
+    return _scan(x, totals, gk.shape[1], chunk_size, True, None, totals=True)

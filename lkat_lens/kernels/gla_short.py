@@ -419,11 +419,6 @@ def _no_states(q: torch.Tensor) -> torch.Tensor:
     return q.new_empty(0, dtype=torch.float)
 
 
-def _segment_gates(gk: torch.Tensor, segment: int) -> torch.Tensor:
-    """The log2 gate cumsum from each segment's start, as the chunk-state kernels take it."""
-    return chunk_states.local_cumsum(gk, segment)
-
-
 def gla_short_fwd(
     q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, gk: torch.Tensor, scale: float, segment: int
 ) -> tuple[torch.Tensor, torch.Tensor]:
@@ -435,7 +430,7 @@ def gla_short_fwd(
     if o.numel() == 0:
         return o, _no_states(q)
     if segment:
-        h = chunk_states.states(k.contiguous(), v.contiguous(), _segment_gates(gk, segment), segment)
+        h = chunk_states.states_from_gates(k.contiguous(), v.contiguous(), gk, segment)
     else:
         h = _no_states(q)
     rows, walks = _segments(T, segment)
@@ -475,7 +470,7 @@ def gla_short_bwd(
         dq.zero_(), dk.zero_(), dv.zero_(), dg.zero_()
         return dq, dk, dv, dg.to(gk.dtype)
     if segment:
-        dh = chunk_states.state_grads(q.contiguous(), do.contiguous(), _segment_gates(gk, segment), scale, segment)
+        dh = chunk_states.state_grads_from_gates(q.contiguous(), do.contiguous(), gk, scale, segment)
     else:
         dh = h
     rows, walks = _segments(T, segment)

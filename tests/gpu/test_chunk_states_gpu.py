@@ -49,3 +49,22 @@ def test_states_and_gradients_match_references(B: int, T: int) -> None:
     dh_ref = chunk_states.scan_reference(own, gd, 64, reverse=True)
     assert rel_max(chunk_states.states(k, v, g, 64), h_ref) < 1e-2
     assert rel_max(chunk_states.state_grads(q, do, g, 0.125, 64), dh_ref) < 1e-2
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32], ids=str)
+@pytest.mark.parametrize(("B", "T"), SHAPES)
+def test_states_from_the_gates_match_references(B: int, T: int, dtype: torch.dtype) -> None:
+    """From the log gates themselves, in the short kernels' segments of 128 tokens (33 and 129 segments at 1024^2 and
+    2048^2): bf16 operands as in training, fp32 ones exactly (IEEE products)."""
+    gen = torch.Generator(device="cuda").manual_seed(T + 2)
+    q, k, v, do = (torch.randn(B, T, 6, 64, device="cuda", generator=gen).to(dtype) for _ in range(4))
+    gk = F.logsigmoid(torch.randn(B, T, 6, 64, device="cuda", generator=gen)) / 16
+    NT = -(-T // 128)
+    g = F.pad(gk.double(), (0, 0, 0, 0, 0, NT * 128 - T)).unflatten(1, (NT, 128)).cumsum(2).flatten(1, 2)[:, :T]
+    g = g / math.log(2)
+    h_ref = chunk_states.scan_reference(chunk_states.own_states_reference(k.double(), v.double(), g, 128), g, 128)
+    own = chunk_states.own_state_grads_reference(q.double(), do.double(), g, 0.125, 128)
+    dh_ref = chunk_states.scan_reference(own, g, 128, reverse=True)
+    tol = 1e-2 if dtype == torch.bfloat16 else 1e-5
+    assert rel_max(chunk_states.states_from_gates(k, v, gk, 128), h_ref) < tol
+    assert rel_max(chunk_states.state_grads_from_gates(q, do, gk, 0.125, 128), dh_ref) < tol
