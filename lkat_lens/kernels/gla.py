@@ -15,7 +15,8 @@ Dispatcher modes (`gated_linear_attention`):
   128 x 201, 6 heads of 64, each replayed as a CUDA graph, so that the GPU's time is compared and not Python's
   dispatch; H200, 2026-11-26): short's forward + backward took 0.71, 0.76, 0.81, 0.81 and 0.60x chunk's time (chunk
   with its states passed in parallel) at T = 16,389, 4,101, 1,029, 513 and 201, its forward alone 0.83, 0.92, 1.02,
-  1.00 and 0.69x; the GPU tests check it against the fp64 recurrence at every T (tests/gpu/test_gla_short_gpu.py).
+  1.00 and 0.69x (an H100: 0.64, 0.71, 0.76, 0.75 and 0.55x; forward 0.76, 0.88, 1.00, 0.97 and 0.64x); the GPU
+  tests check it against the fp64 recurrence at every T (tests/gpu/test_gla_short_gpu.py).
   Before the segments (one walk per sequence, H100 sweep of 2026-11-25) short lost from about 1,280 tokens on
   (1.08x at 1,537, 1.38x at 2,048), and "auto" took chunk there. Inference takes short too: in CUDA-graphed LKAT-T
   and LKAT-S forwards (bench_model.py --compare --attn auto short, one run each) short gave 23,320 and 10,680 img/s
