@@ -133,20 +133,13 @@ def interp() -> dict:
     return triton_interpreter.measurements(__file__, gla_short.INTERPRET, interpreter_measurements)
 
 
-@pytest.mark.parametrize("case_id", list(CASES))
+@pytest.mark.parametrize("case_id", [*CASES, *SEGMENTED_CASES])
 def test_interpreter_matches_fp64_recurrence(interp: dict, case_id: str) -> None:
-    measured = interp[case_id]
+    """One walk per sequence (CASES) and walks in segments (SEGMENTED_CASES)."""
+    measured, dtype = interp[case_id], {**CASES, **SEGMENTED_CASES}[case_id][4]
     assert measured["layout_ok"] and measured["finite"], measured
     for name in OUTPUTS:
-        assert measured[name] <= TOL[CASES[case_id][4]], (name, measured)
-
-
-@pytest.mark.parametrize("case_id", list(SEGMENTED_CASES))
-def test_segments_match_fp64_recurrence(interp: dict, case_id: str) -> None:
-    measured = interp[case_id]
-    assert measured["layout_ok"] and measured["finite"], measured
-    for name in OUTPUTS:
-        assert measured[name] <= TOL[SEGMENTED_CASES[case_id][4]], (name, measured)
+        assert measured[name] <= TOL[dtype], (name, measured)
 
 
 def test_long_sequences_are_walked_in_segments() -> None:
