@@ -30,24 +30,24 @@ Backward ms at 3 / 6 / 12 heads of 64 (H100, bf16, batch 128, T 201, graph repla
 0.362-0.374 / 0.569-0.576 / 1.110-1.126, now 0.247 / 0.471-0.472 / 0.924-0.944; the choice made chunk by chunk inside
 one walk (both in its registers) 0.306 / 0.492 / 0.963; a kernel with no level walk at all (wrong for fast gates)
 0.233 / 0.428 / 0.847.
-Only q, k, v and gk are saved for the backward. Split like the forward (an intra-chunk kernel writing fp32 parts,
-then the walks adding the rest) it was slower at 6 and 12 heads: 0.62 / 1.21 against 0.57 / 1.12 ms (0.32 against
-0.37 at 3 heads), since the walks themselves are most of it and the fp32 parts add memory traffic.
+Only q, k, v and gk are saved for the backward (and h, when walked in segments). Split like the forward (an intra-chunk
+kernel writing fp32 parts, then the walks adding the rest) it was slower at 6 and 12 heads: 0.62 / 1.21 against 0.57 /
+1.12 ms (0.32 against 0.37 at 3 heads), since the walks themselves are most of it and the fp32 parts add memory traffic.
 
-Long sequences (T >= SEGMENTS_MIN_T) are walked in segments of SEGMENT tokens, one program each, so that a batch of
-a few long sequences still fills the GPU: at 1024^2 an LKAT-S batch is 6 sequences of 4,097 tokens, 36 programs for
-one walk each. The state entering each segment, h [B, NS, H, K, V] in fp32, comes first from `kernels.chunk_states`
-(each segment's own term, then a scan along the segments) and starts the segment's forward walk; it is kept for the
-backward, where `chunk_states.state_grads` gives the gradient of the state after each segment, dh, which starts the
-reverse walk. Both walks then see exactly what one walk over the sequence would: the gate gradient's share from past
-the segment, sum over the later rows of q * dq - k * dk, is dL/dgk at the next segment's first row, sum_v S * dS of
-the state S after the segment (the forward walk's last) and dh. Forward + backward ms of one layer against fla's
-chunk_gla (parallel state passing) at LKAT-S's heads, tokens per batch held at 128 x 201 (H200, graph replays,
-`bench_gla.py --lengths ... --segments 0 64 128 256`): at 16,389 / 4,101 / 1,029 / 513 tokens one walk took 7.73 /
-2.63 / 1.02 / 0.83x chunk's time, segments of 64 0.76 / 0.77 / 0.84 / 0.85x, of 128 0.70 / 0.77 / 0.81 / 0.81x, of
-256 0.68 / 0.84 / 0.88 / 0.90x; at 201 tokens one walk 0.59x, segments of 128 0.80x. Longer walks also sum dgk's
-reverse cumsum over more rows (at 4,097 tokens one walk, 256 and 512 gave dgk Frobenius errors of 5.8e-3, 2.3e-3
-and 2.7e-3 against chunk_gla's 2.2e-3, 128 less than it), so SEGMENT is 128.
+Long sequences (T >= SEGMENTS_MIN_T) are walked in segments of SEGMENT tokens, one program each, so that a batch of a
+few long sequences still fills the GPU: at 1024^2 an LKAT-S batch is 6 sequences of 4,097 tokens, 36 programs for one
+walk each. The state entering each segment, h [B, NS, H, K, V] in fp32, comes first from
+`chunk_states.states_from_gates` (each segment's own term, then a scan along the segments) and starts the segment's
+forward walk; it is kept for the backward, where `chunk_states.state_grads_from_gates` gives the gradient of the state
+after each segment, dh, which starts the reverse walk. Both walks then see exactly what one walk over the sequence
+would: the gate gradient's share from past the segment, sum over the later rows of q * dq - k * dk, is dL/dgk at the
+next segment's first row, sum_v S * dS of the state S after the segment (the forward walk's last) and dh. Forward +
+backward ms of one layer against fla's chunk_gla (parallel state passing) at LKAT-S's heads, tokens per batch held at
+128 x 201 (H200, graph replays, `bench_gla.py --lengths ... --segments 0 64 128 256`): at 16,389 / 4,101 / 1,029 / 513
+tokens one walk took 7.73 / 2.63 / 1.02 / 0.83x chunk's time, segments of 64 0.76 / 0.77 / 0.84 / 0.85x, of 128 0.70 /
+0.77 / 0.81 / 0.81x, of 256 0.68 / 0.84 / 0.88 / 0.90x; at 201 tokens one walk 0.59x, segments of 128 0.80x. Longer
+walks also sum dgk's reverse cumsum over more rows (at 4,097 tokens one walk, 256 and 512 gave dgk Frobenius errors of
+5.8e-3, 2.3e-3 and 2.7e-3 against chunk_gla's 2.2e-3, 128 less than it), so SEGMENT is 128.
 
 On CUDA the kernels are autotuned; with TRITON_INTERPRET=1 in the environment before triton is first
 imported they run on CPU tensors through the Triton interpreter with a fixed configuration. The op is a
