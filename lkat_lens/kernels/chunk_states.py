@@ -1,4 +1,4 @@
-"""GLA's chunk states and their gradients passed between chunks in parallel: Triton kernels for fla's chunk mode.
+"""GLA's chunk states and their gradients passed between chunks in parallel, for fla's chunk mode and gla_short.
 
 fla's chunk GLA carries the state S [K, V] from chunk to chunk in a serial walk, one program per (sequence, head,
 state tile), forward (`chunk_fwd_kernel_h`) and backward (`chunk_bwd_kernel_dh`). Here the same tensors come from
