@@ -40,6 +40,7 @@ import torch
 import triton
 import triton.language as tl
 
+from .dtypes import compute_dtype
 from .tuned import TunedKernel
 
 INTERPRET = os.environ.get("TRITON_INTERPRET", "0") == "1"
@@ -52,10 +53,6 @@ RCP_LN2: tl.constexpr = tl.constexpr(1 / math.log(2))
 _DOT_IN_FP32: tl.constexpr = tl.constexpr(INTERPRET)
 
 
-def _compute_dtype(x: torch.Tensor) -> torch.dtype:
-    return torch.float64 if x.dtype == torch.float64 else torch.float32
-
-
 def _last_tokens(T: int, chunk_size: int, device: torch.device) -> torch.Tensor:
     """Index of each chunk's last token."""
     return (torch.arange(1, triton.cdiv(T, chunk_size) + 1, device=device) * chunk_size).clamp(max=T) - 1
@@ -63,7 +60,7 @@ def _last_tokens(T: int, chunk_size: int, device: torch.device) -> torch.Tensor:
 
 def own_states_reference(k: torch.Tensor, v: torch.Tensor, g: torch.Tensor, chunk_size: int) -> torch.Tensor:
     """The forward own terms x of the module docstring, [B, NT, H, K, V] in fp32 (fp64 for fp64 inputs)."""
-    dtype = _compute_dtype(k)
+    dtype = compute_dtype(k)
     B, T, H, K = k.shape
     NT = triton.cdiv(T, chunk_size)
     x = k.new_zeros(B, NT, H, K, v.shape[-1], dtype=dtype)
@@ -79,7 +76,7 @@ def own_state_grads_reference(
     q: torch.Tensor, do: torch.Tensor, g: torch.Tensor, scale: float, chunk_size: int
 ) -> torch.Tensor:
     """The backward own terms x of the module docstring, [B, NT, H, K, V] in fp32 (fp64 for fp64 inputs)."""
-    dtype = _compute_dtype(q)
+    dtype = compute_dtype(q)
     B, T, H, K = q.shape
     NT = triton.cdiv(T, chunk_size)
     x = q.new_zeros(B, NT, H, K, do.shape[-1], dtype=dtype)
@@ -92,7 +89,7 @@ def own_state_grads_reference(
 
 def scan_reference(x: torch.Tensor, g: torch.Tensor, chunk_size: int, reverse: bool = False) -> torch.Tensor:
     """The scan y of the module docstring, one chunk at a time, in x's dtype (fp32 compute, fp64 for fp64 x)."""
-    dtype = _compute_dtype(x)
+    dtype = compute_dtype(x)
     NT = x.shape[1]
     decay = torch.exp2(g[:, _last_tokens(g.shape[1], chunk_size, x.device)].to(dtype)).unsqueeze(-1)
     y = torch.empty_like(x, dtype=dtype)

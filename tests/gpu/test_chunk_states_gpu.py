@@ -19,11 +19,17 @@ pytestmark = [
 SHAPES = [(2, 16389), (6, 4101), (3, 100)]  # 2048^2 and 1024^2 batches: 257 and 65 chunks of 64, the last ragged
 
 
-def log2_cumsum(B: int, T: int, gen: torch.Generator) -> torch.Tensor:
-    """Chunk-local log2 cumsum of LKAT's log gates logsigmoid(randn) / 16, [B, T, 6, 64]."""
-    NT = -(-T // 64)
-    gk = F.logsigmoid(torch.randn(B, NT * 64, 6, 64, device="cuda", generator=gen)) / 16
-    return (gk.unflatten(1, (NT, 64)).cumsum(2).flatten(1, 2)[:, :T] / math.log(2)).contiguous()
+def lkat_gates(B: int, T: int, gen: torch.Generator) -> torch.Tensor:
+    """LKAT's log gates logsigmoid(randn) / 16, [B, T, 6, 64] in fp32."""
+    return F.logsigmoid(torch.randn(B, T, 6, 64, device="cuda", generator=gen)) / 16
+
+
+def log2_cumsum(gk: torch.Tensor, chunk: int = 64) -> torch.Tensor:
+    """Chunk-local cumsum of log gates [B, T, H, K] over chunks of `chunk` tokens, in log2 units, gk's dtype."""
+    T = gk.shape[1]
+    NT = -(-T // chunk)
+    padded = F.pad(gk, (0, 0, 0, 0, 0, NT * chunk - T)).unflatten(1, (NT, chunk))
+    return (padded.cumsum(2).flatten(1, 2)[:, :T] / math.log(2)).contiguous()
 
 
 @pytest.mark.parametrize("reverse", [False, True])
@@ -31,7 +37,7 @@ def log2_cumsum(B: int, T: int, gen: torch.Generator) -> torch.Tensor:
 def test_scan_matches_reference(B: int, T: int, reverse: bool) -> None:
     gen = torch.Generator(device="cuda").manual_seed(T)
     x = torch.randn(B, -(-T // 64), 6, 64, 64, device="cuda", generator=gen)
-    g = log2_cumsum(B, T, gen)
+    g = log2_cumsum(lkat_gates(B, T, gen))
     ref = chunk_states.scan_reference(x.double(), g.double(), 64, reverse=reverse)
     assert rel_max(chunk_states.scan(x, g, 64, reverse=reverse), ref) < 1e-5
     assert rel_max(chunk_states.scan(x, g, 64, reverse=reverse, out_dtype=torch.bfloat16), ref) < 1e-2
@@ -42,7 +48,7 @@ def test_states_and_gradients_match_references(B: int, T: int) -> None:
     """bf16 operands as in training (the own terms' products in bf16, accumulated in fp32)."""
     gen = torch.Generator(device="cuda").manual_seed(T + 1)
     q, k, v, do = (torch.randn(B, T, 6, 64, device="cuda", generator=gen).bfloat16() for _ in range(4))
-    g = log2_cumsum(B, T, gen)
+    g = log2_cumsum(lkat_gates(B, T, gen))
     gd = g.double()
     h_ref = chunk_states.scan_reference(chunk_states.own_states_reference(k.double(), v.double(), gd, 64), gd, 64)
     own = chunk_states.own_state_grads_reference(q.double(), do.double(), gd, 0.125, 64)
@@ -58,10 +64,8 @@ def test_states_from_the_gates_match_references(B: int, T: int, dtype: torch.dty
     2048^2): bf16 operands as in training, fp32 ones exactly (IEEE products)."""
     gen = torch.Generator(device="cuda").manual_seed(T + 2)
     q, k, v, do = (torch.randn(B, T, 6, 64, device="cuda", generator=gen).to(dtype) for _ in range(4))
-    gk = F.logsigmoid(torch.randn(B, T, 6, 64, device="cuda", generator=gen)) / 16
-    NT = -(-T // 128)
-    g = F.pad(gk.double(), (0, 0, 0, 0, 0, NT * 128 - T)).unflatten(1, (NT, 128)).cumsum(2).flatten(1, 2)[:, :T]
-    g = g / math.log(2)
+    gk = lkat_gates(B, T, gen)
+    g = log2_cumsum(gk.double(), 128)
     h_ref = chunk_states.scan_reference(chunk_states.own_states_reference(k.double(), v.double(), g, 128), g, 128)
     own = chunk_states.own_state_grads_reference(q.double(), do.double(), g, 0.125, 128)
     dh_ref = chunk_states.scan_reference(own, g, 128, reverse=True)
