@@ -152,6 +152,14 @@ def test_custom_op_passes_opcheck_and_compiles_without_graph_break(interp: dict)
     assert interp["op"]["compile_err"] < 1e-6
 
 
+def test_compiled_graphs_may_pass_any_strides() -> None:
+    """Both ops read x and the output gradient through their strides (the "model" cases above give x as a column
+    slice), so inductor must not copy them to their traced strides: it did, three copies of x forward and three
+    backward per LKAT-S layer on an H100, whose projection output it pads to 1600 columns."""
+    for op in (torch.ops.lkat_lens.gla_input.default, torch.ops.lkat_lens.gla_input_backward.default):
+        assert torch.Tag.flexible_layout in op.tags, op.tags
+
+
 def test_fused_inputs_match_the_modules_in_lkat(interp: dict) -> None:
     """lkat_micro's fp32 logits and every parameter's gradient (the conv and norm weights among them), fused and with
     the modules, against fp64: the fused path is as close as the modules are (fp32 rounding through the network)."""

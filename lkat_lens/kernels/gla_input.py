@@ -340,7 +340,12 @@ def supports(x: torch.Tensor, heads: int, rope: bool, taps: int) -> bool:
     return 1 <= taps <= MAX_TAPS and (not rope or (x.shape[-1] // heads) % 2 == 0)
 
 
-@torch.library.custom_op("lkat_lens::gla_input", mutates_args=())
+# The kernels read x (and the output gradient) through their strides, so torch.compile may pass them in whatever layout
+# it holds them: without this tag inductor copies each input to the strides it had when traced (custom ops' default).
+_ANY_STRIDES = (torch.Tag.flexible_layout,)
+
+
+@torch.library.custom_op("lkat_lens::gla_input", mutates_args=(), tags=_ANY_STRIDES)
 def _gla_input_op(
     x: torch.Tensor,
     conv_weight: torch.Tensor,
@@ -359,7 +364,7 @@ def _gla_input_fake(x, conv_weight, norm_weight, cos, sin, heads, eps) -> torch.
     return x.new_empty(*x.shape[:2], heads, x.shape[-1] // heads)
 
 
-@torch.library.custom_op("lkat_lens::gla_input_backward", mutates_args=())
+@torch.library.custom_op("lkat_lens::gla_input_backward", mutates_args=(), tags=_ANY_STRIDES)
 def _gla_input_backward_op(
     x: torch.Tensor,
     conv_weight: torch.Tensor,
