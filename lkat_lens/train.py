@@ -56,6 +56,43 @@ class NonFiniteLoss(RuntimeError):
     """The training loss became NaN or infinite."""
 
 
+class LaggedLoss:
+    """Each step's training loss (mean over ranks), read on the host one step late: queued to pinned memory behind
+    the step's forward and read once the next step's forward is queued, so the host never waits for the GPU in
+    mid-step. Reading it at once cost a CUDA-graphed step at 224² 9 % (LKAT-S) and 11 % (ViT-S) of its time on an
+    H100, the GPU idle while the host launched the rest of the step. A non-finite loss raises NonFiniteLoss when it
+    is read (after the next step's forward, or at the end of the epoch): before anything is saved, the model in memory
+    having taken that one step's update."""
+
+    def __init__(self, device: torch.device, world_size: int) -> None:
+        self._host = torch.empty((), dtype=torch.float32, pin_memory=device.type == "cuda")
+        self._world_size = world_size
+        self._pending: tuple[torch.cuda.Event | None, int, int] | None = None  # (copied, epoch, step), 1-based
+
+    def push(self, loss: torch.Tensor, epoch: int, step: int) -> float | None:
+        """Queue the loss of (1-based) `epoch`, `step`; return the previous step's, or None at the first."""
+        previous = self.pop()
+        self._host.copy_(lkdist.all_reduce_sum(loss.detach().float()), non_blocking=True)
+        copied = torch.cuda.Event() if loss.is_cuda else None
+        if copied is not None:
+            copied.record()
+        self._pending = (copied, epoch, step)
+        return previous
+
+    def pop(self) -> float | None:
+        """The queued loss (None if none is), waiting for its copy; raises NonFiniteLoss if it is not finite."""
+        if self._pending is None:
+            return None
+        copied, epoch, step = self._pending
+        self._pending = None
+        if copied is not None:
+            copied.synchronize()
+        value = float(self._host) / self._world_size
+        if not math.isfinite(value):
+            raise NonFiniteLoss(f"non-finite training loss ({value}) at epoch {epoch}, step {step}")
+        return value
+
+
 SMALL_CPU_DATASETS = ("digits", "shapes")  # trained on the CPU with tiny models: one torch thread by default
 USER_ERRORS = (UsageError, lkdata.DataError, lkrecipe.RecipeError, CheckpointError)
 
@@ -391,6 +428,7 @@ def train_one_epoch(run: Run) -> dict[str, float]:
     run.train_loader.sampler.set_epoch(run.epoch)
     run.loader_gen.manual_seed(epoch_seed(cfg.seed, run.epoch, info.rank))
     total, steps, images_seen = 0.0, 0, 0
+    losses = LaggedLoss(info.device, info.world_size)
     start = time.perf_counter()
     bar = tqdm(
         run.train_loader,
@@ -409,9 +447,7 @@ def train_one_epoch(run: Run) -> dict[str, float]:
             torch.compiler.cudagraph_mark_step_begin()  # this step's graphs may overwrite the last step's outputs
         with run.autocast():
             loss = run.criterion(run.forward(images), targets)
-        value = float(lkdist.all_reduce_sum(loss.detach().float()).item()) / info.world_size
-        if not math.isfinite(value):
-            raise NonFiniteLoss(f"non-finite training loss ({value}) at epoch {run.epoch + 1}, step {run.step + 1}")
+        value = losses.push(loss, run.epoch + 1, run.step + 1)
         run.optimizer.zero_grad(set_to_none=True)
         run.scaler.scale(loss).backward()
         if cfg.clip_grad is not None:
@@ -425,11 +461,16 @@ def train_one_epoch(run: Run) -> dict[str, float]:
             run.ema.update(run.model, step=run.step)
         if run.telemetry is not None and cfg.telemetry_every and run.step % cfg.telemetry_every == 0:
             run.telemetry.record(run.model, kind="step", epoch=run.epoch, step=run.step)
-        total, steps, images_seen = total + value, steps + 1, images_seen + images.shape[0]
-        bar.set_postfix(loss=f"{value:.4f}", refresh=False)
+        images_seen += images.shape[0]
+        if value is not None:
+            total, steps = total + value, steps + 1
+            bar.set_postfix(loss=f"{value:.4f}", refresh=False)
         if cfg.max_steps is not None and run.step >= cfg.max_steps:
             break
     bar.close()
+    value = losses.pop()
+    if value is not None:
+        total, steps = total + value, steps + 1
     if info.device.type == "cuda":
         torch.cuda.synchronize(info.device)
     elapsed = time.perf_counter() - start

@@ -147,6 +147,16 @@ def test_resume_continues_bit_identically(tmp_path, capsys, folder, workers):
     ]
 
 
+def test_lagged_loss_reads_each_step_one_step_late_and_stops_at_a_non_finite_one():
+    losses = lktrain.LaggedLoss(torch.device("cpu"), world_size=1)
+    assert losses.push(torch.tensor(2.5), 1, 1) is None
+    assert losses.push(torch.tensor(3.0, requires_grad=True) * 1, 1, 2) == 2.5
+    assert losses.pop() == 3.0 and losses.pop() is None
+    assert losses.push(torch.tensor(float("inf")), 2, 7) is None
+    with pytest.raises(lktrain.NonFiniteLoss, match=r"\(inf\) at epoch 2, step 7"):
+        losses.pop()
+
+
 def test_non_finite_loss_stops_with_exit_2_and_keeps_last_checkpoint(tmp_path, capsys, folder):
     """One step per epoch; warmup covers step 0 only, then lr 1e30 blows the weights up and step 2's loss is NaN."""
     code, out, err = train_cli(
