@@ -75,7 +75,7 @@ class LaggedLoss:
         self._host.copy_(lkdist.all_reduce_sum(loss.detach().float()), non_blocking=True)
         copied = torch.cuda.Event() if loss.is_cuda else None
         if copied is not None:
-            copied.record()
+            copied.record(torch.cuda.current_stream(loss.device))  # the copy's stream, whichever device is current
         self._pending = (copied, epoch, step)
         return previous
 
