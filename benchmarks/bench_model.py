@@ -44,7 +44,7 @@ from pathlib import Path
 import timm
 import torch
 from common import dated_result_path, environment, write_result  # benchmarks/ is the script folder
-from profile_step import profile_step
+from profile_step import TOP, profile_step
 
 import lkat_lens
 
@@ -362,7 +362,7 @@ def _compare_measure(name: str, kwargs: dict, backends: dict, mode: str, args: a
         row |= {f"{phase}_ms": ms, f"{phase}_img_s": batch / ms * 1e3, f"{phase}_peak_GiB": peak}
         row[f"{phase}_peak_MiB_per_image"] = None if peak is None else peak * 1024 / batch
         row[f"{phase}_steady_peak_MiB_per_image"] = None if steady is None else steady * 1024 / batch
-        row[f"{phase}_profile"] = profile_step(fn, device)
+        row[f"{phase}_profile"] = profile_step(fn, device, args.top_kernels)
     return row
 
 
@@ -533,6 +533,12 @@ def main() -> None:
         choices=["caller", "device"],
         default="caller",
         help="where autograd runs the backward: the calling thread (as the trainer) or the engine's device thread",
+    )
+    parser.add_argument(
+        "--top-kernels",
+        type=int,
+        default=TOP,
+        help=f"--compare: how many of the profiled step's kernels and ops to record, by device time (default {TOP})",
     )
     parser.add_argument("--out", type=Path, default=None)
     args = parser.parse_args()

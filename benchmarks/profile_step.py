@@ -31,19 +31,19 @@ def _sync(device: str) -> None:
         torch.cuda.synchronize()
 
 
-def _top(times: dict[str, float], counts: dict[str, int], total: float) -> list[dict]:
-    """The TOP largest entries of name -> microseconds, with calls and shares of total."""
-    ranked = sorted(times, key=times.get, reverse=True)[:TOP]
+def _top(times: dict[str, float], counts: dict[str, int], total: float, top: int) -> list[dict]:
+    """The `top` largest entries of name -> microseconds, with calls and shares of total."""
+    ranked = sorted(times, key=times.get, reverse=True)[:top]
     return [{"op": k, "calls": counts[k], "ms": times[k] / 1e3, "share": times[k] / total} for k in ranked]
 
 
-def profile_step(step: Callable[[], object], device: str) -> dict:
+def profile_step(step: Callable[[], object], device: str, top: int = TOP) -> dict:
     """Profile one call of step (already warmed up): launches, busy fraction, where the device time goes.
 
     Device time is the sum of the device events themselves (kernels, copies, memsets; user annotations such as
     inductor's "## Call CompiledFxGraph" ranges left out), so nothing is counted twice. device_kernels: device
     events; launch_calls: host launch calls; gpu_busy: the union of device events over the step's span (from its
-    start on the host to the later of its end and the last device event); top_kernels: the device events by name;
+    start on the host to the later of its end and the last device event); top_kernels: the `top` device events by name;
     top_ops: the host ops by the device time of the kernels they launched (self device time; on a CPU, self CPU
     time); copy_share: aten::copy_/_to_copy's device time over all; to_copy_calls: aten::_to_copy calls.
     """
@@ -81,6 +81,6 @@ def profile_step(step: Callable[[], object], device: str) -> dict:
         "device_time_ms": total / 1e3,
         "copy_share": sum(op_us.get(k, 0.0) for k in COPY_OPS) / total,
         "to_copy_calls": op_calls.get("aten::_to_copy", 0),
-        "top_kernels": _top(kernel_us, kernel_calls, total) if cuda else [],
-        "top_ops": _top(op_us, op_calls, total),
+        "top_kernels": _top(kernel_us, kernel_calls, total, top) if cuda else [],
+        "top_ops": _top(op_us, op_calls, total, top),
     }
