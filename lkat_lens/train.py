@@ -62,12 +62,13 @@ class LaggedLoss:
     mid-step. Reading it at once cost a CUDA-graphed step at 224² 9 % (LKAT-S) and 11 % (ViT-S) of its time on an
     H100, the GPU idle while the host launched the rest of the step. A non-finite loss raises NonFiniteLoss when it
     is read (after the next step's forward, or at the end of the epoch): before anything is saved, the model in memory
-    having taken that one step's update."""
+    having taken that one step's update. `total` and `steps` sum the losses read so far."""
 
     def __init__(self, device: torch.device, world_size: int) -> None:
         self._host = torch.empty((), dtype=torch.float32, pin_memory=device.type == "cuda")
         self._world_size = world_size
         self._pending: tuple[torch.cuda.Event | None, int, int] | None = None  # (copied, epoch, step), 1-based
+        self.total, self.steps = 0.0, 0
 
     def push(self, loss: torch.Tensor, epoch: int, step: int) -> float | None:
         """Queue the loss of (1-based) `epoch`, `step`; return the previous step's, or None at the first."""
@@ -90,6 +91,7 @@ class LaggedLoss:
         value = float(self._host) / self._world_size
         if not math.isfinite(value):
             raise NonFiniteLoss(f"non-finite training loss ({value}) at epoch {epoch}, step {step}")
+        self.total, self.steps = self.total + value, self.steps + 1
         return value
 
 
@@ -427,7 +429,7 @@ def train_one_epoch(run: Run) -> dict[str, float]:
     run.model.train()
     run.train_loader.sampler.set_epoch(run.epoch)
     run.loader_gen.manual_seed(epoch_seed(cfg.seed, run.epoch, info.rank))
-    total, steps, images_seen = 0.0, 0, 0
+    images_seen = 0
     losses = LaggedLoss(info.device, info.world_size)
     start = time.perf_counter()
     bar = tqdm(
@@ -463,22 +465,19 @@ def train_one_epoch(run: Run) -> dict[str, float]:
             run.telemetry.record(run.model, kind="step", epoch=run.epoch, step=run.step)
         images_seen += images.shape[0]
         if value is not None:
-            total, steps = total + value, steps + 1
             bar.set_postfix(loss=f"{value:.4f}", refresh=False)
         if cfg.max_steps is not None and run.step >= cfg.max_steps:
             break
     bar.close()
-    value = losses.pop()
-    if value is not None:
-        total, steps = total + value, steps + 1
+    losses.pop()
     if info.device.type == "cuda":
         torch.cuda.synchronize(info.device)
     elapsed = time.perf_counter() - start
     return {
-        "train_loss": total / max(steps, 1),
+        "train_loss": losses.total / max(losses.steps, 1),
         "lr": run.optimizer.param_groups[0]["lr"],
         "images_per_s": images_seen * info.world_size / elapsed,
-        "steps": steps,
+        "steps": losses.steps,
     }
 
 
