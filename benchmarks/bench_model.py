@@ -21,10 +21,13 @@ resolution where LKAT-S starts to train (and infer) faster than ViT-S.
 path of --gla-input) under each
 --compile-modes setting
 ("eager", or a torch.compile mode with fullgraph=True: any graph break fails the row): train and inference
-images/s, peak memory per image (over the warm-up steps too, which compile, autotune Triton kernels whose tuning is not
-cached yet and record CUDA graphs; `*_steady_peak_MiB_per_image`: the timed steps' alone), and one profiled training
-step and inference (profile_step.py: kernel launches,
-GPU-busy fraction, the share of dtype copies, the top ops), with LKAT's ratios to ViT; --memory-budgets adds compiled
+images/s (`*_img_s`: the median step with a synchronisation after each, so the host's time before a step's first
+kernel counts; `*_pipelined_img_s`: --iters steps queued back to back between two synchronisations, best of three,
+as the trainer runs them; `*_pipelined_busy`: the profiled step's kernel time over the queued step's time), peak
+memory per image (over the warm-up steps too, which compile, autotune Triton kernels whose tuning is not cached yet and
+record CUDA graphs; `*_steady_peak_MiB_per_image`: the timed steps' alone), and one profiled training step and
+inference (profile_step.py: kernel launches, GPU-busy fraction, the share of dtype copies, the top ops), with LKAT's
+ratios to ViT (`*_x_vit`, `*_pipelined_x_vit`); --memory-budgets adds compiled
 LKAT rows at each activation memory budget (the trainer's --activation-memory-budget). --tiny compares lkat_micro
 with a ViT of its size (16², patch 4, 64-d, 4 blocks), so that the mode runs on a CPU in seconds.
 A configuration that runs out of memory (or fails) is recorded with its error and skipped.
@@ -287,6 +290,28 @@ def compared_models(size: str, tiny: bool) -> list[tuple[str, str, dict]]:
     ]
 
 
+def pipelined_ms(fn, iters: int, device: str, rounds: int = 3) -> float:
+    """Milliseconds per call of fn with `iters` calls queued back to back between two synchronisations (the host
+    running ahead of the device, as the trainer runs), the best of `rounds` rounds."""
+    times = []
+    for _ in range(rounds):
+        if device == "cuda":
+            torch.cuda.synchronize()
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            for _ in range(iters):
+                fn()
+            end.record()
+            torch.cuda.synchronize()
+            times.append(start.elapsed_time(end) / iters)
+        else:
+            begin = time.perf_counter()
+            for _ in range(iters):
+                fn()
+            times.append((time.perf_counter() - begin) * 1e3 / iters)
+    return min(times)
+
+
 def wall_ms(fn, iters: int, device: str) -> float:
     """Median milliseconds per call (no warm-up: the caller's): CUDA events on a GPU, perf_counter elsewhere."""
     if device == "cuda":
@@ -357,12 +382,16 @@ def _compare_measure(name: str, kwargs: dict, backends: dict, mode: str, args: a
         warm_up = peak_gib(device)
         reset_peak(device)
         ms = wall_ms(fn, args.iters, device)
+        queued = pipelined_ms(fn, args.iters, device)
         steady = peak_gib(device)
         peak = None if steady is None else max(warm_up, steady)
         row |= {f"{phase}_ms": ms, f"{phase}_img_s": batch / ms * 1e3, f"{phase}_peak_GiB": peak}
+        row |= {f"{phase}_pipelined_ms": queued, f"{phase}_pipelined_img_s": batch / queued * 1e3}
         row[f"{phase}_peak_MiB_per_image"] = None if peak is None else peak * 1024 / batch
         row[f"{phase}_steady_peak_MiB_per_image"] = None if steady is None else steady * 1024 / batch
-        row[f"{phase}_profile"] = profile_step(fn, device, args.top_kernels)
+        row[f"{phase}_profile"] = profile = profile_step(fn, device, args.top_kernels)
+        if device == "cuda":  # the GPU's share of a queued step: its kernel time over the queued step's time
+            row[f"{phase}_pipelined_busy"] = profile["device_time_ms"] / queued
     return row
 
 
@@ -388,6 +417,8 @@ def compare_ratios(rows: list[dict]) -> None:
                 continue
             for phase in ("train", "infer"):
                 r[f"{phase}_x_{suffix}"] = r[f"{phase}_img_s"] / ref[f"{phase}_img_s"]
+                if f"{phase}_pipelined_img_s" in r and f"{phase}_pipelined_img_s" in ref:
+                    r[f"{phase}_pipelined_x_{suffix}"] = r[f"{phase}_pipelined_img_s"] / ref[f"{phase}_pipelined_img_s"]
             if suffix == "vit":
                 mine, theirs = r["train_profile"], ref["train_profile"]
                 if mine["device_kernels"] is not None:
@@ -449,7 +480,8 @@ def _summary(row: dict) -> str:
     prof = row["train_profile"]
     busy = "" if prof["gpu_busy"] is None else f", {prof['device_kernels']} kernels, GPU busy {prof['gpu_busy']:.0%}"
     return (
-        f"train {row['train_img_s']:.4g} img/s, infer {row['infer_img_s']:.4g} img/s{busy}, "
+        f"train {row['train_img_s']:.4g} img/s ({row['train_pipelined_img_s']:.4g} queued), infer "
+        f"{row['infer_img_s']:.4g} img/s ({row['infer_pipelined_img_s']:.4g} queued){busy}, "
         f"copies {prof['copy_share']:.1%} of the step's device time"
     )
 
@@ -458,15 +490,17 @@ def print_compare(rows: list[dict]) -> None:
     """The --compare table as markdown."""
     print(
         "| model | compile | train img/s | infer img/s | train × ViT | infer × ViT | train × ViT eager "
+        "| queued train × ViT | queued infer × ViT "
         "| kernels / step | launch calls | GPU busy | copy share | MiB / image (train) | GPU |"
     )
-    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
     for r in rows:
         if "error" in r:
-            print(f"| {r['label']} | {r['compile']} | {r['error']} |||||||||||")
+            print(f"| {r['label']} | {r['compile']} | {r['error']} |||||||||||||")
             continue
         p = r["train_profile"]
-        cells = [f"{r[k]:.2f}×" if k in r else "—" for k in ("train_x_vit", "infer_x_vit", "train_x_vit_eager")]
+        ratios = ("train_x_vit", "infer_x_vit", "train_x_vit_eager", "train_pipelined_x_vit", "infer_pipelined_x_vit")
+        cells = [f"{r[k]:.2f}×" if k in r else "—" for k in ratios]
         busy = "—" if p["gpu_busy"] is None else f"{p['gpu_busy']:.0%}"
         mem = "—" if r["train_peak_MiB_per_image"] is None else f"{r['train_peak_MiB_per_image']:.1f}"
         speed = f"{r['train_img_s']:.4g} | {r['infer_img_s']:.4g} | {' | '.join(cells)}"
