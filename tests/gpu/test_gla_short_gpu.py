@@ -107,6 +107,21 @@ def test_segment_lengths_no_less_exact_than_fla_chunk(segment: int) -> None:
         assert ours[name][1] <= 1.05 * fla[name][1], (name, ours[name], fla[name])
 
 
+def test_bf16_gates_no_less_exact_than_fla_chunk() -> None:
+    """Log gates in bf16 (as the reference's fla layer forms them under bf16 autocast; LKAT here keeps them in fp32):
+    within TOL of the fp64 recurrence of the same gates and no further from it than fla's chunk_gla given them; dgk
+    comes back in bf16."""
+    T = 201
+    inputs = make_inputs(B=2, T=T, H=6, K=64, V=64, dtype=torch.bfloat16, seed=7)
+    inputs[3] = inputs[3].to(torch.bfloat16)
+    ours, fla = errors(mode("short"), inputs), errors(mode("chunk"), inputs)
+    print(f"\nbf16 gates, T {T}: short {ours}\nchunk {fla}")
+    for name in NAMES:
+        assert ours[name][0] < TOL[torch.bfloat16], (name, ours[name])
+        assert ours[name][1] <= 1.05 * fla[name][1], (name, ours[name], fla[name])
+    assert output_and_grads(gla_short, *inputs)[4].dtype == torch.bfloat16
+
+
 @pytest.mark.parametrize("T", [201, 1000])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
 def test_fast_decaying_gates_take_the_level_walk(dtype: torch.dtype, T: int) -> None:
