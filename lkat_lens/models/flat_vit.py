@@ -10,11 +10,12 @@ timm.create_model(name, features_only=True) gives timm's FeatureGetterNet.
 from __future__ import annotations
 
 import torch
-from timm.layers import PatchEmbed, trunc_normal_
+from timm.layers import trunc_normal_
 from timm.models._features import feature_take_indices
 from torch import nn
 
 from .hooks import HookedModel, HookPoint
+from .patch_embed import PatchEmbed
 
 
 class FlatViT(HookedModel):
