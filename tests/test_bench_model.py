@@ -2,24 +2,17 @@
 
 from __future__ import annotations
 
-import importlib
-import sys
 import time
-from pathlib import Path
 
 import pytest
-
-BENCHMARKS = Path(__file__).resolve().parents[1] / "benchmarks"
+from benchmark_script import imported
 
 
 @pytest.fixture(scope="module")
 def bench():
-    """The script as a module (it imports its neighbours from benchmarks/, the script folder)."""
-    with pytest.MonkeyPatch.context() as patch:
-        patch.syspath_prepend(str(BENCHMARKS))
-        yield importlib.import_module("bench_model")
-    for name in ("bench_model", "common", "profile_step"):
-        sys.modules.pop(name, None)
+    """The script as a module."""
+    with imported("bench_model") as module:
+        yield module
 
 
 def test_pipelined_ms_is_the_best_round_per_call(bench) -> None:

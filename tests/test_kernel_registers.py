@@ -3,24 +3,17 @@ reports for an H100 / H200 (sm_90) without a GPU."""
 
 from __future__ import annotations
 
-import importlib
-import sys
-from pathlib import Path
-
 import pytest
+from benchmark_script import imported
 
 from lkat_lens.kernels import chunk_states, gated_norm, gla_short
-
-BENCHMARKS = Path(__file__).resolve().parents[1] / "benchmarks"
 
 
 @pytest.fixture(scope="module")
 def tool():
-    """The script as a module (it imports its neighbours from benchmarks/, the script folder)."""
-    with pytest.MonkeyPatch.context() as patch:
-        patch.syspath_prepend(str(BENCHMARKS))
-        yield importlib.import_module("kernel_registers")
-    sys.modules.pop("kernel_registers", None)
+    """The script as a module."""
+    with imported("kernel_registers") as module:
+        yield module
 
 
 def test_catches_the_launch_with_every_autotuning_configuration(tool) -> None:
