@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import torch
+from timm.layers import PatchEmbed as TimmPatchEmbed
 from tolerance import rel_max
 
 import lkat_lens
-from lkat_lens.models.patch_embed import PatchEmbed, TimmPatchEmbed
+from lkat_lens.models.patch_embed import PatchEmbed
 
 
 def _embed(dtype: torch.dtype = torch.float64, img_size=(48, 32), **kwargs) -> PatchEmbed:
