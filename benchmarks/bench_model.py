@@ -27,7 +27,9 @@ as the trainer runs them; `*_pipelined_busy`: the profiled step's kernel time ov
 memory per image (over the warm-up steps too, which compile, autotune Triton kernels whose tuning is not cached yet and
 record CUDA graphs; `*_steady_peak_MiB_per_image`: the timed steps' alone), and one profiled training step and
 inference (profile_step.py: kernel launches, GPU-busy fraction, the share of dtype copies, the top ops), with LKAT's
-ratios to ViT (`*_x_vit`, `*_pipelined_x_vit`); --memory-budgets adds compiled
+ratios to ViT (`*_x_vit`, `*_pipelined_x_vit`); --vit-patch-embed timm matmul adds a ViT whose patch embedding is
+LKAT's (its convolution one matmul on CUDA) and LKAT's ratios to it (`*_x_vit_matmul`): the architectures alone,
+without LKAT's faster patch embedding; --memory-budgets adds compiled
 LKAT rows at each activation memory budget (the trainer's --activation-memory-budget). --tiny compares lkat_micro
 with a ViT of its size (16², patch 4, 64-d, 4 blocks), so that the mode runs on a CPU in seconds.
 A configuration that runs out of memory (or fails) is recorded with its error and skipped.
@@ -50,6 +52,7 @@ from common import dated_result_path, environment, write_result  # benchmarks/ i
 from profile_step import TOP, profile_step
 
 import lkat_lens
+from lkat_lens.models.patch_embed import PatchEmbed
 
 SIZES = {"tiny": "T", "small": "S", "base": "B"}
 PAPER = "paper config"
@@ -280,14 +283,23 @@ COMPILE_MODES = ("eager", "default", "reduce-overhead", "max-autotune-no-cudagra
 TINY_VIT = dict(patch_size=4, embed_dim=64, depth=4, num_heads=2)  # lkat_micro's size
 
 
-def compared_models(size: str, tiny: bool) -> list[tuple[str, str, dict]]:
-    """(label, registry name, create kwargs) of the ViT and the LKAT compared at a size."""
-    if tiny:
-        return [("ViT-micro", "vit_tiny_patch16_224", TINY_VIT), ("LKAT-micro", "lkat_micro", {})]
-    return [
-        (f"ViT-{SIZES[size]}", f"vit_{size}_patch16_224", {}),
-        (f"LKAT-{SIZES[size]}", f"lkat_{size}_patch16_224", {}),
+VIT_PATCH_EMBEDS = {"timm": {}, "matmul": {"embed_layer": PatchEmbed}}  # --vit-patch-embed: create kwargs
+
+
+def compared_models(size: str, tiny: bool, vit_patch_embeds: list[str]) -> list[tuple[str, str, dict, str]]:
+    """(label, registry name, create kwargs, patch embedding) of the ViTs, one per patch embedding of
+    `vit_patch_embeds` ("timm": timm's as it ships; "matmul": LKAT's, whose convolution runs as one matmul on CUDA),
+    then the LKAT compared at a size (its own patch embedding, "matmul")."""
+    letter = SIZES[size]
+    vit, vit_name, vit_kwargs = (
+        ("ViT-micro", "vit_tiny_patch16_224", TINY_VIT) if tiny else (f"ViT-{letter}", f"vit_{size}_patch16_224", {})
+    )
+    lkat, lkat_name = ("LKAT-micro", "lkat_micro") if tiny else (f"LKAT-{letter}", f"lkat_{size}_patch16_224")
+    vits = [
+        (vit + ("" if embed == "timm" else " patch matmul"), vit_name, vit_kwargs | VIT_PATCH_EMBEDS[embed], embed)
+        for embed in vit_patch_embeds
     ]
+    return [*vits, (lkat, lkat_name, {}, "matmul")]
 
 
 def pipelined_ms(fn, iters: int, device: str, rounds: int = 3) -> float:
@@ -395,19 +407,27 @@ def _compare_measure(name: str, kwargs: dict, backends: dict, mode: str, args: a
     return row
 
 
+RATIO_REFERENCES = (  # (suffix of the ratio keys, the ViT's compile mode (None: the LKAT row's), its patch embedding)
+    ("vit", None, "timm"),
+    ("vit_eager", "eager", "timm"),
+    ("vit_matmul", None, "matmul"),
+)
+
+
 def compare_ratios(rows: list[dict]) -> None:
-    """Each LKAT row over the ViT of its size: same compile mode, and eager."""
+    """Each LKAT row over the ViT of its size: timm's ViT in the same compile mode (`*_x_vit`) and eager
+    (`*_x_vit_eager`), and the ViT with LKAT's patch matmul in the same mode (`*_x_vit_matmul`)."""
     for r in rows:
         if "error" in r or not r["model"].startswith("lkat"):
             continue
-        for ref_mode, suffix in ((r["compile"], "vit"), ("eager", "vit_eager")):
+        for suffix, ref_mode, embed in RATIO_REFERENCES:
             ref = next(
                 (
                     v
                     for v in rows
                     if v.get("pair") == r["pair"]
-                    and v["compile"] == ref_mode
-                    and v is not r
+                    and v["compile"] == (ref_mode or r["compile"])
+                    and v.get("patch_embed", "timm") == embed
                     and "error" not in v
                     and v["model"].startswith("vit")
                 ),
@@ -429,13 +449,14 @@ def compare_ratios(rows: list[dict]) -> None:
                     r["train_steady_memory_x_vit"] = r[steady] / ref[steady]
 
 
-def compared_variants(size: str, args: argparse.Namespace) -> list[tuple[str, str, dict, dict, float]]:
-    """(label, registry name, create kwargs, backends, activation memory budget): the ViT (inductor's default
-    budget), then LKAT with every combination of --attn, --kan, --gla-input, --gla-output and --memory-budgets."""
+def compared_variants(size: str, args: argparse.Namespace) -> list[tuple[str, str, dict, dict, float, str]]:
+    """(label, registry name, create kwargs, backends, activation memory budget, patch embedding): the ViTs
+    (inductor's default budget), then LKAT with every combination of --attn, --kan, --gla-input, --gla-output and
+    --memory-budgets."""
     rows = []
-    for label, name, kwargs in compared_models(size, args.tiny):
+    for label, name, kwargs, embed in compared_models(size, args.tiny, args.vit_patch_embed):
         if not name.startswith("lkat"):
-            rows.append((label, name, kwargs, {}, 1.0))
+            rows.append((label, name, kwargs, {}, 1.0, embed))
             continue
         for attn, kan, gla_input, gla_output in itertools.product(args.attn, args.kan, args.gla_input, args.gla_output):
             for budget in args.memory_budgets:
@@ -444,7 +465,7 @@ def compared_variants(size: str, args: argparse.Namespace) -> list[tuple[str, st
                 )
                 suffix += "" if gla_output == "auto" else f" {gla_output} output"
                 backends = {"attn": attn, "kan": kan, "gla_input": gla_input, "gla_output": gla_output}
-                rows.append((f"{label} {attn}/{kan}{suffix}", name, kwargs, backends, budget))
+                rows.append((f"{label} {attn}/{kan}{suffix}", name, kwargs, backends, budget, embed))
     return rows
 
 
@@ -453,8 +474,8 @@ def compare(args: argparse.Namespace, out: Path) -> list[dict]:
     rows: list[dict] = []
     for size in args.sizes[:1] if args.tiny else args.sizes:
         for mode in args.compile_modes:  # modes outside: a run cut short keeps both models of the first modes
-            for label, name, kwargs, backends, budget in compared_variants(size, args):
-                row = {"label": label, "model": name, "pair": size, "compile": mode}
+            for label, name, kwargs, backends, budget, embed in compared_variants(size, args):
+                row = {"label": label, "model": name, "pair": size, "compile": mode, "patch_embed": embed}
                 row |= {k: backends.get(k) for k in ("attn", "kan", "gla_input", "gla_output")}
                 row |= {"activation_memory_budget": budget}
                 row |= {"batch": args.batch, "img_size": args.img_size, "device": args.device, **settings()}
@@ -490,16 +511,24 @@ def print_compare(rows: list[dict]) -> None:
     """The --compare table as markdown."""
     print(
         "| model | compile | train img/s | infer img/s | train × ViT | infer × ViT | train × ViT eager "
-        "| queued train × ViT | queued infer × ViT "
+        "| queued train × ViT | queued infer × ViT | queued train × ViT patch matmul | queued infer × ViT patch matmul "
         "| kernels / step | launch calls | GPU busy | copy share | MiB / image (train) | GPU |"
     )
-    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
     for r in rows:
         if "error" in r:
-            print(f"| {r['label']} | {r['compile']} | {r['error']} |||||||||||||")
+            print(f"| {r['label']} | {r['compile']} | {r['error']} |||||||||||||||")
             continue
         p = r["train_profile"]
-        ratios = ("train_x_vit", "infer_x_vit", "train_x_vit_eager", "train_pipelined_x_vit", "infer_pipelined_x_vit")
+        ratios = (
+            "train_x_vit",
+            "infer_x_vit",
+            "train_x_vit_eager",
+            "train_pipelined_x_vit",
+            "infer_pipelined_x_vit",
+            "train_pipelined_x_vit_matmul",
+            "infer_pipelined_x_vit_matmul",
+        )
         cells = [f"{r[k]:.2f}×" if k in r else "—" for k in ratios]
         busy = "—" if p["gpu_busy"] is None else f"{p['gpu_busy']:.0%}"
         mem = "—" if r["train_peak_MiB_per_image"] is None else f"{r['train_peak_MiB_per_image']:.1f}"
@@ -545,6 +574,14 @@ def main() -> None:
         "mode; torch: the modules)",
     )
     parser.add_argument("--compile-modes", nargs="+", default=["eager", "default"], choices=COMPILE_MODES)
+    parser.add_argument(
+        "--vit-patch-embed",
+        nargs="+",
+        default=["timm"],
+        choices=list(VIT_PATCH_EMBEDS),
+        help="--compare: the ViTs' patch embeddings (timm: as timm ships it, a cuDNN convolution; matmul: LKAT's, one "
+        "matmul on CUDA as in LKAT, so that the ratio is the architectures' alone)",
+    )
     parser.add_argument("--tiny", action="store_true", help="--compare lkat_micro with a ViT of its size")
     parser.add_argument(
         "--memory-budgets",

@@ -51,3 +51,40 @@ def test_compare_ratios_give_queued_ratios_beside_synchronised_ones(bench) -> No
     assert lkat["train_x_vit"] == pytest.approx(0.5) and lkat["train_pipelined_x_vit"] == pytest.approx(0.6)
     assert lkat["infer_x_vit"] == pytest.approx(0.5) and lkat["infer_pipelined_x_vit"] == pytest.approx(0.64)
     assert "train_x_vit" not in rows[0]
+
+
+def test_compare_ratios_to_the_vit_with_lkats_patch_matmul(bench) -> None:
+    """`*_x_vit` stays against timm's ViT as it ships; `*_x_vit_matmul` is against the ViT given LKAT's patch
+    embedding, whichever order the rows come in."""
+    matmul_vit = _row("vit_tiny_patch16_224", 120.0, 150.0, 500.0, 640.0) | {"patch_embed": "matmul"}
+    rows = [
+        matmul_vit,
+        _row("vit_tiny_patch16_224", 100.0, 125.0, 400.0, 500.0),
+        _row("lkat_tiny_patch16_224", 60, 75, 200, 320),
+    ]
+    bench.compare_ratios(rows)
+    lkat = rows[2]
+    assert lkat["train_x_vit"] == pytest.approx(0.6) and lkat["train_x_vit_matmul"] == pytest.approx(0.5)
+    assert lkat["train_pipelined_x_vit_matmul"] == pytest.approx(0.5)
+    assert lkat["infer_pipelined_x_vit"] == pytest.approx(0.64) and lkat[
+        "infer_pipelined_x_vit_matmul"
+    ] == pytest.approx(0.5)
+
+
+def test_compared_models_add_a_vit_with_lkats_patch_embedding(bench) -> None:
+    """--vit-patch-embed timm matmul: timm's ViT-S, a ViT-S built with LKAT's PatchEmbed (the same parameters), then
+    LKAT-S."""
+    models = bench.compared_models("small", tiny=False, vit_patch_embeds=["timm", "matmul"])
+    assert [(label, name, embed) for label, name, _, embed in models] == [
+        ("ViT-S", "vit_small_patch16_224", "timm"),
+        ("ViT-S patch matmul", "vit_small_patch16_224", "matmul"),
+        ("LKAT-S", "lkat_small_patch16_224", "matmul"),
+    ]
+    timm_vit, matmul_vit = (
+        bench.timm.create_model(name, pretrained=False, **kwargs) for _, name, kwargs, _ in models[:2]
+    )
+    assert type(matmul_vit.patch_embed) is bench.PatchEmbed
+    assert type(timm_vit.patch_embed) is not bench.PatchEmbed
+    assert {k: v.shape for k, v in matmul_vit.state_dict().items()} == {
+        k: v.shape for k, v in timm_vit.state_dict().items()
+    }
