@@ -63,8 +63,8 @@ def _normalised(x, mask, eps, V: tl.constexpr):
 
 
 @triton.jit
-def _fwd_kernel(o_ptr, g_ptr, w_ptr, b_ptr, out_ptr, so, sg, rows, H, eps, V: tl.constexpr, BV: tl.constexpr,
-                BR: tl.constexpr):  # fmt: skip
+def _gated_norm_fwd_kernel(o_ptr, g_ptr, w_ptr, b_ptr, out_ptr, so, sg, rows, H, eps, V: tl.constexpr,
+                           BV: tl.constexpr, BR: tl.constexpr):  # fmt: skip
     """out (contiguous [N, H, V]) of BR rows."""
     r = tl.program_id(0) * BR + tl.arange(0, BR)
     c = tl.arange(0, BV)
@@ -78,8 +78,9 @@ def _fwd_kernel(o_ptr, g_ptr, w_ptr, b_ptr, out_ptr, so, sg, rows, H, eps, V: tl
 
 
 @triton.jit
-def _bwd_kernel(o_ptr, g_ptr, w_ptr, b_ptr, dout_ptr, do_ptr, dg_ptr, part_ptr, so, sg, sd, rows, H, eps,
-                V: tl.constexpr, BV: tl.constexpr, BR: tl.constexpr, ROWS: tl.constexpr):  # fmt: skip
+def _gated_norm_bwd_kernel(o_ptr, g_ptr, w_ptr, b_ptr, dout_ptr, do_ptr, dg_ptr, part_ptr, so, sg, sd, rows, H,
+                           eps, V: tl.constexpr, BV: tl.constexpr, BR: tl.constexpr,
+                           ROWS: tl.constexpr):  # fmt: skip
     """do and dg (contiguous [N, H, V]) of ROWS rows in tiles of BR, and this program's partial sums of the weight and
     bias gradients at part_ptr [programs, 2, V]."""
     c = tl.arange(0, BV)
@@ -111,7 +112,7 @@ def _bwd_kernel(o_ptr, g_ptr, w_ptr, b_ptr, dout_ptr, do_ptr, dg_ptr, part_ptr, 
     tl.store(part + V, tl.sum(db, axis=0), mask=c < V)
 
 
-_KERNELS = {"forward": _fwd_kernel, "backward": _bwd_kernel}
+_KERNELS = {"forward": _gated_norm_fwd_kernel, "backward": _gated_norm_bwd_kernel}
 
 
 # (row tile, warps) the autotuner tries: 64-row tiles on 2 warps left out, where the backward spills (255 registers and

@@ -146,7 +146,7 @@ def _inv_rms(y, eps, DH: tl.constexpr):
 
 
 @triton.jit
-def _fwd_kernel(
+def _gla_input_fwd_kernel(
     x_ptr, w_ptr, nw_ptr, cos_ptr, sin_ptr, out_ptr, sx0, sx1, sx2, so0, so1, so2, T, H, eps,
     DH: tl.constexpr, BD: tl.constexpr, TAPS: tl.constexpr, NORM: tl.constexpr, ROPE: tl.constexpr,
     BT: tl.constexpr,
@@ -197,7 +197,7 @@ def _store_tap_sum(dw_ptr, products, j: tl.constexpr, TAPS: tl.constexpr, cols, 
 
 
 @triton.jit
-def _bwd_kernel(
+def _gla_input_bwd_kernel(
     x_ptr, w_ptr, nw_ptr, cos_ptr, sin_ptr, do_ptr, dx_ptr, dw_ptr, dnw_ptr, sx0, sx1, sx2, sd0, sd1, sd2, T, H, D,
     eps, DH: tl.constexpr, BD: tl.constexpr, TAPS: tl.constexpr, NORM: tl.constexpr, ROPE: tl.constexpr,
     BT: tl.constexpr, TILES: tl.constexpr, ACC: tl.constexpr,
@@ -258,7 +258,7 @@ def _bwd_kernel(
 # Tuned per shape (heads and rows in the key): without them the first shape tuned set every later one's warps (a
 # test's small shape gave LKAT-S's backward 4 warps in the model, 0.141 ms a call where 2 take 0.106, H100).
 _KEY = ["DH", "TAPS", "NORM", "ROPE", "H", "T"]
-_KERNELS = {"forward": _fwd_kernel, "backward": _bwd_kernel}
+_KERNELS = {"forward": _gla_input_fwd_kernel, "backward": _gla_input_bwd_kernel}
 
 
 @functools.cache
