@@ -23,7 +23,7 @@ import torch
 import triton
 import triton.language as tl
 
-from .tuned import TunedKernel
+from .tuned import TunedKernel, programs_key
 
 INTERPRET = os.environ.get("TRITON_INTERPRET", "0") == "1"
 DTYPES = (torch.float32, torch.bfloat16, torch.float16)
@@ -63,9 +63,9 @@ def _normalised(x, mask, eps, V: tl.constexpr):
 
 
 @triton.jit
-def _gated_norm_fwd_kernel(o_ptr, g_ptr, w_ptr, b_ptr, out_ptr, so, sg, rows, H, eps, V: tl.constexpr,
+def _gated_norm_fwd_kernel(o_ptr, g_ptr, w_ptr, b_ptr, out_ptr, so, sg, rows, H, eps, programs, V: tl.constexpr,
                            BV: tl.constexpr, BR: tl.constexpr):  # fmt: skip
-    """out (contiguous [N, H, V]) of BR rows."""
+    """out (contiguous [N, H, V]) of BR rows; `programs` is only the autotuning key."""
     r = tl.program_id(0) * BR + tl.arange(0, BR)
     c = tl.arange(0, BV)
     x, mask = _rows(o_ptr, so, r, c, H, rows, V)
@@ -79,10 +79,10 @@ def _gated_norm_fwd_kernel(o_ptr, g_ptr, w_ptr, b_ptr, out_ptr, so, sg, rows, H,
 
 @triton.jit
 def _gated_norm_bwd_kernel(o_ptr, g_ptr, w_ptr, b_ptr, dout_ptr, do_ptr, dg_ptr, part_ptr, so, sg, sd, rows, H,
-                           eps, V: tl.constexpr, BV: tl.constexpr, BR: tl.constexpr,
+                           eps, programs, V: tl.constexpr, BV: tl.constexpr, BR: tl.constexpr,
                            ROWS: tl.constexpr):  # fmt: skip
     """do and dg (contiguous [N, H, V]) of ROWS rows in tiles of BR, and this program's partial sums of the weight and
-    bias gradients at part_ptr [programs, 2, V]."""
+    bias gradients at part_ptr [programs, 2, V]; `programs` is only the autotuning key."""
     c = tl.arange(0, BV)
     w = tl.load(w_ptr + c, mask=c < V, other=0.0).to(tl.float32)
     b = tl.load(b_ptr + c, mask=c < V, other=0.0).to(tl.float32)
@@ -122,9 +122,10 @@ _CONFIGS = ((16, 2), (16, 4), (32, 2), (32, 4), (64, 4), (64, 8))
 
 @functools.cache
 def _autotuned(kernel_name: str) -> TunedKernel:
-    """The CUDA kernel autotuned over (row tile, warps), keyed on the width and the head count."""
+    """The CUDA kernel autotuned over (row tile, warps), keyed on the width, the head count and the rows
+    (tuned.programs_key)."""
     configs = [triton.Config({"BR": br}, num_warps=w) for br, w in _CONFIGS]
-    return TunedKernel(triton.autotune(configs=configs, key=["V", "H"])(_KERNELS[kernel_name]))
+    return TunedKernel(triton.autotune(configs=configs, key=["V", "H", "programs"])(_KERNELS[kernel_name]))
 
 
 def _launch(kernel_name: str, programs, *args, **meta) -> None:
@@ -142,7 +143,7 @@ def gated_norm_fwd(o, g, weight, bias, eps: float) -> torch.Tensor:
     rows = N * H
     if rows:
         meta = dict(V=V, BV=triton.next_power_of_2(V))
-        args = (o, g, weight, bias, out, o.stride(), g.stride(), rows, H, eps)
+        args = (o, g, weight, bias, out, o.stride(), g.stride(), rows, H, eps, programs_key(rows))
         _launch("forward", lambda br: triton.cdiv(rows, br), *args, **meta)
     return out
 
@@ -158,7 +159,23 @@ def gated_norm_bwd(o, g, weight, bias, dout, eps: float) -> tuple[torch.Tensor, 
     programs = triton.cdiv(rows, _BWD_ROWS)
     part = torch.empty(programs, 2, V, dtype=torch.float32, device=o.device)
     meta = dict(V=V, BV=triton.next_power_of_2(V), ROWS=_BWD_ROWS)
-    args = (o, g, weight, bias, dout, do, dg, part, o.stride(), g.stride(), dout.stride(), rows, H, eps)
+    args = (
+        o,
+        g,
+        weight,
+        bias,
+        dout,
+        do,
+        dg,
+        part,
+        o.stride(),
+        g.stride(),
+        dout.stride(),
+        rows,
+        H,
+        eps,
+        programs_key(rows),
+    )
     _launch("backward", lambda br: programs, *args, **meta)
     dweight, dbias = part.sum(0)
     return do, dg, dweight.to(weight.dtype), dbias.to(bias.dtype)

@@ -35,7 +35,7 @@ import triton.language as tl
 
 from .autograd_ops import Kernel, differentiable
 from .dtypes import compute_dtype
-from .tuned import TunedKernel
+from .tuned import TunedKernel, programs_key
 
 INTERPRET = os.environ.get("TRITON_INTERPRET", "0") == "1"
 INPUT_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
@@ -147,11 +147,12 @@ def _inv_rms(y, eps, DH: tl.constexpr):
 
 @triton.jit
 def _gla_input_fwd_kernel(
-    x_ptr, w_ptr, nw_ptr, cos_ptr, sin_ptr, out_ptr, sx0, sx1, sx2, so0, so1, so2, T, H, eps,
+    x_ptr, w_ptr, nw_ptr, cos_ptr, sin_ptr, out_ptr, sx0, sx1, sx2, so0, so1, so2, T, H, eps, programs,
     DH: tl.constexpr, BD: tl.constexpr, TAPS: tl.constexpr, NORM: tl.constexpr, ROPE: tl.constexpr,
     BT: tl.constexpr,
 ):  # fmt: skip
-    """The output of BT rows of one (batch, head); so* are the output's [B, T, D] strides."""
+    """The output of BT rows of one (batch, head); so* are the output's [B, T, D] strides; `programs` is only the
+    autotuning key."""
     i_t, i_bh, i_b, rows, c, col_ok, cols = _program_tile(H, DH, BD, BT, BT)
     u = _conv(x_ptr, sx0, sx1, sx2, w_ptr, i_b, rows, cols, col_ok, T, TAPS, BT, BD)
     y = u * tl.sigmoid(u)
@@ -199,7 +200,7 @@ def _store_tap_sum(dw_ptr, products, j: tl.constexpr, TAPS: tl.constexpr, cols, 
 @triton.jit
 def _gla_input_bwd_kernel(
     x_ptr, w_ptr, nw_ptr, cos_ptr, sin_ptr, do_ptr, dx_ptr, dw_ptr, dnw_ptr, sx0, sx1, sx2, sd0, sd1, sd2, T, H, D,
-    eps, DH: tl.constexpr, BD: tl.constexpr, TAPS: tl.constexpr, NORM: tl.constexpr, ROPE: tl.constexpr,
+    eps, programs, DH: tl.constexpr, BD: tl.constexpr, TAPS: tl.constexpr, NORM: tl.constexpr, ROPE: tl.constexpr,
     BT: tl.constexpr, TILES: tl.constexpr, ACC: tl.constexpr,
 ):  # fmt: skip
     """dx ([B, T, D] contiguous) of the rows of one (batch, head) that this program owns: TILES consecutive tiles of
@@ -207,7 +208,7 @@ def _gla_input_bwd_kernel(
     [D, TAPS, programs along the rows * B]) and of the norm weight's (dnw_ptr [DH, programs]): partials last, so that
     the host sums contiguous rows. With ACC (at most four taps) each tap's products are accumulated over the tiles and
     summed once; without it (TILES == 1) each is summed on its tile. sd* are the output gradient's [B, T, D]
-    strides."""
+    strides; `programs` is only the autotuning key."""
     OWN: tl.constexpr = BT - (TAPS - 1)
     i_g, i_bh, i_b, _, c, col_ok, cols = _program_tile(H, DH, BD, BT, OWN)
     slots = tl.num_programs(0) * (tl.num_programs(1) // H)  # (row group, sequence) pairs
@@ -251,13 +252,13 @@ def _gla_input_bwd_kernel(
         if TAPS > 3:
             _store_tap_sum(dw_ptr, acc3, 3, TAPS, cols, col_ok, slots, slot)
     if NORM:
-        programs = tl.num_programs(0) * tl.num_programs(1)
-        tl.store(dnw_ptr + c * programs + i_g * tl.num_programs(1) + i_bh, tl.sum(acc_norm, axis=0), mask=col_ok)
+        n_programs = tl.num_programs(0) * tl.num_programs(1)
+        tl.store(dnw_ptr + c * n_programs + i_g * tl.num_programs(1) + i_bh, tl.sum(acc_norm, axis=0), mask=col_ok)
 
 
 # Tuned per shape (heads and rows in the key): without them the first shape tuned set every later one's warps (a
 # test's small shape gave LKAT-S's backward 4 warps in the model, 0.141 ms a call where 2 take 0.106, H100).
-_KEY = ["DH", "TAPS", "NORM", "ROPE", "H", "T"]
+_KEY = ["DH", "TAPS", "NORM", "ROPE", "H", "T", "programs"]  # programs: tuned.programs_key(B, H)
 _KERNELS = {"forward": _gla_input_fwd_kernel, "backward": _gla_input_bwd_kernel}
 
 
@@ -306,7 +307,7 @@ def gla_input_fwd(x, conv_weight, norm_weight, cos, sin, heads: int, eps: float)
     out = torch.empty(B, T, heads, D // heads, dtype=x.dtype, device=x.device)
     if out.numel():
         weights, meta = _operands(x, conv_weight, norm_weight, cos, sin, heads)
-        args = (x, *weights, out, *x.stride(), *out.flatten(2).stride(), T, heads, eps)
+        args = (x, *weights, out, *x.stride(), *out.flatten(2).stride(), T, heads, eps, programs_key(B, heads))
         _launch("forward", lambda bt: triton.cdiv(T, bt), B, heads, *args, **meta)
     return out
 
@@ -324,7 +325,7 @@ def gla_input_bwd(x, conv_weight, norm_weight, cos, sin, do, heads: int, eps: fl
     if dx.numel():  # else the empty partials sum to zero gradients
         weights, meta = _operands(x, conv_weight, norm_weight, cos, sin, heads)
         strides = (*x.stride(), *do.flatten(2).stride())
-        args = (x, *weights, do.flatten(2), dx, dw, dnw, *strides, T, heads, D, eps)
+        args = (x, *weights, do.flatten(2), dx, dw, dnw, *strides, T, heads, D, eps, programs_key(B, heads))
         tiling = dict(BT=rows, TILES=tiles, ACC=taps <= ACC_TAPS)
         _launch("backward", lambda bt: groups, B, heads, *args, **meta, **tiling)
     d_conv = dw.sum(-1).reshape(conv_weight.shape).to(conv_weight.dtype)

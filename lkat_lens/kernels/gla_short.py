@@ -63,7 +63,7 @@ import triton.language as tl
 
 from . import chunk_states
 from .autograd_ops import Kernel, differentiable
-from .tuned import TunedKernel
+from .tuned import TunedKernel, programs_key
 
 INTERPRET = os.environ.get("TRITON_INTERPRET", "0") == "1"
 CHUNK: tl.constexpr = tl.constexpr(16)
@@ -155,11 +155,11 @@ def _level_scores(q, k, b, rt, PRECISION: tl.constexpr):
 
 @triton.jit
 def _gla_short_fwd_intra_kernel(
-    q_ptr, k_ptr, v_ptr, g_ptr, oa_ptr, sq, sk, sv, sg, so, T, H, scale,
+    q_ptr, k_ptr, v_ptr, g_ptr, oa_ptr, sq, sk, sv, sg, so, T, H, scale, programs,
     K: tl.constexpr, V: tl.constexpr, PRECISION: tl.constexpr,
 ):  # fmt: skip
     """The intra-chunk output A @ v of one (batch * head, chunk) into the fp32 accumulator oa (o's strides so),
-    which _gla_short_fwd_kernel reads."""
+    which _gla_short_fwd_kernel reads; `programs` is only the autotuning key."""
     i_bh, i_c = tl.program_id(0), tl.program_id(1)
     i_b, i_h = (i_bh // H).to(tl.int64), (i_bh % H).to(tl.int64)
     rt = tl.arange(0, CHUNK)
@@ -354,11 +354,11 @@ _KERNELS = {"fwd_intra": _gla_short_fwd_intra_kernel, "fwd": _gla_short_fwd_kern
 
 @functools.cache
 def _autotuned(kernel: str, V: int) -> TunedKernel:
-    """The CUDA kernel `kernel` ("fwd_intra", "fwd" or "bwd") autotuned over its configurations. The walks are keyed
-    on K, V, the operand dtypes and `programs` (_programs): how many programs share the SMs decides which register
-    budget wins. The forward walk reads oa, which is o itself for fp32 outputs, so tuning restores it."""
+    """The CUDA kernel `kernel` ("fwd_intra", "fwd" or "bwd") autotuned over its configurations, each keyed on K, V,
+    the operand dtypes and `programs` (tuned.programs_key): how many programs share the SMs decides which warps and
+    register budget win. The forward walk reads oa, which is o itself for fp32 outputs, so tuning restores it."""
     if kernel == "fwd_intra":
-        tune = triton.autotune(configs=_intra_configs(), key=["K", "V"])
+        tune = triton.autotune(configs=_intra_configs(), key=["K", "V", "programs"])
     elif kernel == "fwd":
         tune = triton.autotune(configs=_forward_configs(V), key=["K", "V", "programs"], restore_value=["oa_ptr"])
     else:
@@ -369,11 +369,6 @@ def _autotuned(kernel: str, V: int) -> TunedKernel:
 def _kernel(kernel: str, V: int) -> triton.runtime.KernelInterface | TunedKernel:
     """The kernel to launch: as written under the interpreter (a fixed configuration), else autotuned."""
     return _KERNELS[kernel] if INTERPRET else _autotuned(kernel, V)
-
-
-def _programs(B: int, H: int, segments: int = 1) -> int:
-    """The kernels' autotuning key `programs`: the power of two at or above B * H * segments."""
-    return triton.next_power_of_2(B * H * segments)
 
 
 def _precision(*xs: torch.Tensor) -> str:
@@ -438,10 +433,11 @@ def gla_short_fwd(
     accumulator = o if o.dtype == torch.float32 else torch.empty(o.shape, dtype=torch.float32, device=o.device)
     strides = (q.stride(), k.stride(), v.stride(), gk.stride(), o.stride())
     meta = dict(K=K, V=V, PRECISION=_precision(q, k, v))
-    _kernel("fwd_intra", V)[(B * H, triton.cdiv(T, CHUNK.value))](
-        q, k, v, gk, accumulator, *strides, T, H, scale, **meta
+    chunks = triton.cdiv(T, CHUNK.value)
+    _kernel("fwd_intra", V)[(B * H, chunks)](
+        q, k, v, gk, accumulator, *strides, T, H, scale, programs_key(B, H, chunks), **meta
     )
-    args = (q, k, v, gk, o, accumulator, h, *strides, T, H, scale, rows, _programs(B, H, walks))
+    args = (q, k, v, gk, o, accumulator, h, *strides, T, H, scale, rows, programs_key(B, H, walks))
     meta["SEGMENTED"] = bool(segment)
     if INTERPRET:
         block_v = min(V, _INTERP_BLOCK_V)
@@ -475,7 +471,7 @@ def gla_short_bwd(
         dh = h
     rows, walks = _segments(T, segment)
     strides = (q.stride(), k.stride(), v.stride(), gk.stride(), do.stride(), dg.stride(), dv.stride())
-    args = (q, k, v, gk, do, dq, dk, dv, dg, h, dh, *strides, T, H, scale, rows, _programs(B, H, walks))
+    args = (q, k, v, gk, do, dq, dk, dv, dg, h, dh, *strides, T, H, scale, rows, programs_key(B, H, walks))
     meta = dict(K=K, V=v.shape[-1], PRECISION=_precision(q, k, v), SEGMENTED=bool(segment))
     _kernel("bwd", v.shape[-1])[(B * H, walks)](*args, **meta)
     return dq, dk, dv, dg.to(gk.dtype)

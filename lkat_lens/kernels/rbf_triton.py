@@ -25,7 +25,7 @@ import torch
 import triton
 import triton.language as tl
 
-from .tuned import TunedKernel
+from .tuned import TunedKernel, programs_key
 
 # Centers per pair of exponentials. exp(-v^2) at a span's first center is a normal fp32 number for
 # |v| < 9.3, so inside a span of four nothing larger than exp(-(9.3 - 3)^2) ~ e^-40 underflows.
@@ -62,6 +62,7 @@ def _rbf_grid_linear_kernel(
     scale,
     shift,
     dx_scale,
+    programs,
     G: tl.constexpr,
     BACKWARD: tl.constexpr,
     BLOCK_N: tl.constexpr,
@@ -69,7 +70,7 @@ def _rbf_grid_linear_kernel(
     WRITE_Y: tl.constexpr = False,
 ):
     """Forward: out = sum_g w[d,g] phi_g(x). Backward: out = dx, part[program] = this program's dw [D, G] and, with
-    WRITE_Y, y = the forward's out."""
+    WRITE_Y, y = the forward's out. `programs` is only the autotuning key."""
     pid_n = tl.program_id(0)
     cols = tl.program_id(1) * BLOCK_D + tl.arange(0, BLOCK_D)
     col_ok = cols < D
@@ -146,9 +147,9 @@ def _backward_configs(channel: bool) -> list[triton.Config]:
 
 @functools.cache
 def _autotuned(backward: bool, channel: bool) -> TunedKernel:
-    """The CUDA kernel autotuned over its configurations, keyed on D and G."""
+    """The CUDA kernel autotuned over its configurations, keyed on D, G and the rows (tuned.programs_key)."""
     configs = _backward_configs(channel) if backward else _forward_configs(channel)
-    return TunedKernel(triton.autotune(configs=configs, key=["D", "G"])(_rbf_grid_linear_kernel))
+    return TunedKernel(triton.autotune(configs=configs, key=["D", "G", "programs"])(_rbf_grid_linear_kernel))
 
 
 @functools.cache
@@ -185,7 +186,7 @@ def rbf_grid_linear_fwd(
     y = torch.empty_like(x2d, dtype=out_dtype or x2d.dtype)
     if y.numel() == 0:
         return y
-    args = (x2d, w32, x2d, y, w32, x2d, n_rows, D, scale, shift, dx_scale)
+    args = (x2d, w32, x2d, y, w32, x2d, n_rows, D, scale, shift, dx_scale, programs_key(n_rows))
     if INTERPRET:
         block_n, block_d = _interp_tile(D)
         launch = (min(triton.cdiv(n_rows, block_n), _INTERP_ROW_PROGRAMS), triton.cdiv(D, block_d))
@@ -228,7 +229,7 @@ def rbf_grid_linear_bwd(
         cap = _PROGRAMS_PER_SM * num_sms(x2d.device) // triton.cdiv(D, block_d)
         programs = max(1, min(triton.cdiv(n_rows, min_block_n), cap))
     part = torch.empty((programs, D, G), device=x2d.device, dtype=torch.float32)
-    args = (x2d, w32, dy2d, dx, part, x2d if y is None else y, n_rows, D, scale, shift, dx_scale)
+    args = (x2d, w32, dy2d, dx, part, x2d if y is None else y, n_rows, D, scale, shift, dx_scale, programs_key(n_rows))
     launch = (programs, triton.cdiv(D, block_d))
     meta = dict(G=G, BACKWARD=True, BLOCK_D=block_d, WRITE_Y=y is not None)
     if INTERPRET:

@@ -19,12 +19,24 @@ import inspect
 from typing import Any
 
 import torch
+import triton
 from triton import knobs
 from triton.runtime import driver
 from triton.runtime.autotuner import Autotuner
 
 DIRECT = True
 _I32, _I64 = 2**31, 2**63
+
+
+def programs_key(*counts: int) -> int:
+    """An autotuning key argument for how much a launch has to do: the power of two at or above the product of
+    `counts` (its programs, or its rows). Which configuration wins (warps, row tiles, a register cap) depends on how
+    many programs share the SMs, and Triton's autotuning cache outlives the process: keyed on the shapes alone, a
+    tuning made at a test's or an analysis's batch of 2 would serve a training batch of 128."""
+    product = 1
+    for count in counts:
+        product *= count
+    return triton.next_power_of_2(product)
 
 
 def specialisation(args: tuple, constexpr: tuple[bool, ...]) -> tuple:
