@@ -159,23 +159,8 @@ def gated_norm_bwd(o, g, weight, bias, dout, eps: float) -> tuple[torch.Tensor, 
     programs = triton.cdiv(rows, _BWD_ROWS)
     part = torch.empty(programs, 2, V, dtype=torch.float32, device=o.device)
     meta = dict(V=V, BV=triton.next_power_of_2(V), ROWS=_BWD_ROWS)
-    args = (
-        o,
-        g,
-        weight,
-        bias,
-        dout,
-        do,
-        dg,
-        part,
-        o.stride(),
-        g.stride(),
-        dout.stride(),
-        rows,
-        H,
-        eps,
-        programs_key(rows),
-    )
+    strides = (o.stride(), g.stride(), dout.stride())
+    args = (o, g, weight, bias, dout, do, dg, part, *strides, rows, H, eps, programs_key(rows))
     _launch("backward", lambda br: programs, *args, **meta)
     dweight, dbias = part.sum(0)
     return do, dg, dweight.to(weight.dtype), dbias.to(bias.dtype)

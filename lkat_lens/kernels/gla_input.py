@@ -256,9 +256,10 @@ def _gla_input_bwd_kernel(
         tl.store(dnw_ptr + c * n_programs + i_g * tl.num_programs(1) + i_bh, tl.sum(acc_norm, axis=0), mask=col_ok)
 
 
-# Tuned per shape (heads and rows in the key): without them the first shape tuned set every later one's warps (a
-# test's small shape gave LKAT-S's backward 4 warps in the model, 0.141 ms a call where 2 take 0.106, H100).
-_KEY = ["DH", "TAPS", "NORM", "ROPE", "H", "T", "programs"]  # programs: tuned.programs_key(B, H)
+# Tuned per shape and batch (heads, rows and programs = tuned.programs_key(B, H) in the key): without heads and rows
+# a test's small shape gave LKAT-S's backward 4 warps in the model, 0.141 ms a call where 2 take 0.106 (H100); without
+# the batch a test's batch of 2 gave LKAT-T's batch of 128 its warps (the q, k, v paths 0.255 against 0.221 ms, H200).
+_KEY = ["DH", "TAPS", "NORM", "ROPE", "H", "T", "programs"]
 _KERNELS = {"forward": _gla_input_fwd_kernel, "backward": _gla_input_bwd_kernel}
 
 
