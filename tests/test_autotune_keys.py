@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import pytest
 
-from lkat_lens.kernels import gated_norm, gla_input, gla_short, rbf_triton
+from lkat_lens.kernels import gated_norm, gla_input, gla_short, kan_triton, rbf_triton
 from lkat_lens.kernels.tuned import programs_key
 
 AUTOTUNED = {  # name -> the kernel's TunedKernel, built as on CUDA (no GPU needed to build it)
@@ -21,6 +21,7 @@ AUTOTUNED = {  # name -> the kernel's TunedKernel, built as on CUDA (no GPU need
     "gated_norm backward": lambda: gated_norm._autotuned("backward"),
     "rbf forward": lambda: rbf_triton._autotuned(False, True),
     "rbf backward": lambda: rbf_triton._autotuned(True, False),
+    **{f"KAN GEMM {name}": lambda name=name: kan_triton._autotuned(name) for name in kan_triton._KERNELS},
 }
 
 

@@ -29,7 +29,7 @@ import triton.language as tl
 
 from .rbf import check_grid
 from .rbf_triton import INTERPRET, num_sms
-from .tuned import TunedKernel
+from .tuned import TunedKernel, programs_key
 
 _SPAN: tl.constexpr = tl.constexpr(4)
 # v is clamped to [-10, 13]: there every phi of the span is below e^-100 and exp(2v) stays finite.
@@ -151,7 +151,7 @@ def _grid_sum(u, gw_ptr, cols, col_ok, stride_gw, G: tl.constexpr, dpsi, part_ro
 
 @triton.jit
 def _kan_fwd_kernel(
-    x_ptr, gw_ptr, w_ptr, y_ptr, M, N, K,
+    x_ptr, gw_ptr, w_ptr, y_ptr, M, N, K, programs,
     stride_xm, stride_xk, stride_gw, stride_wn, stride_wk, stride_ym, stride_yn,
     scale, shift,
     G: tl.constexpr, DOT: tl.constexpr,
@@ -171,7 +171,7 @@ def _kan_fwd_kernel(
 
 @triton.jit
 def _kan_bwd_dx_kernel(
-    x_ptr, gw_ptr, w_ptr, dy_ptr, dx_ptr, part_ptr, M, N, K,
+    x_ptr, gw_ptr, w_ptr, dy_ptr, dx_ptr, part_ptr, M, N, K, programs,
     stride_xm, stride_xk, stride_gw, stride_wn, stride_wk, stride_dym, stride_dyn, stride_dxm, stride_dxk,
     scale, shift, dx_scale,
     G: tl.constexpr, DOT: tl.constexpr,
@@ -191,7 +191,7 @@ def _kan_bwd_dx_kernel(
 
 @triton.jit
 def _kan_bwd_dw_kernel(
-    x_ptr, gw_ptr, dy_ptr, dw_ptr, M, N, K,
+    x_ptr, gw_ptr, dy_ptr, dw_ptr, M, N, K, programs,
     stride_xm, stride_xk, stride_gw, stride_dym, stride_dyn, stride_dwn, stride_dwk,
     scale, shift,
     G: tl.constexpr, DOT: tl.constexpr,
@@ -214,7 +214,7 @@ def _kan_bwd_dw_kernel(
 
 @triton.jit
 def _edge_fwd_kernel(
-    x_ptr, w_ptr, y_ptr, M, N, K,
+    x_ptr, w_ptr, y_ptr, M, N, K, programs,
     stride_xm, stride_xk, stride_wn, stride_wg, stride_wk, stride_ym, stride_yn,
     scale, shift,
     G: tl.constexpr, DOT: tl.constexpr,
@@ -240,7 +240,7 @@ def _edge_fwd_kernel(
 
 @triton.jit
 def _edge_bwd_dx_kernel(
-    x_ptr, w_ptr, dy_ptr, dx_ptr, M, N, K,
+    x_ptr, w_ptr, dy_ptr, dx_ptr, M, N, K, programs,
     stride_xm, stride_xk, stride_wn, stride_wg, stride_wk, stride_dym, stride_dyn, stride_dxm, stride_dxk,
     scale, shift, dx_scale,
     G: tl.constexpr, DOT: tl.constexpr,
@@ -262,7 +262,7 @@ def _edge_bwd_dx_kernel(
 
 @triton.jit
 def _edge_bwd_dw_kernel(
-    x_ptr, dy_ptr, dw_ptr, M, N, K,
+    x_ptr, dy_ptr, dw_ptr, M, N, K, programs,
     stride_xm, stride_xk, stride_dym, stride_dyn, stride_dwn, stride_dwk,
     scale, shift,
     G: tl.constexpr, DOT: tl.constexpr,
@@ -319,13 +319,17 @@ _KERNELS = {
 
 
 @functools.cache
-def _kernel(name: str) -> triton.runtime.KernelInterface | TunedKernel:
-    """The kernel as launched: fixed tiles under the interpreter, autotuned on CUDA (keyed on N, K, G)."""
-    if INTERPRET:
-        return _KERNELS[name]
+def _autotuned(name: str) -> TunedKernel:
+    """The CUDA kernel autotuned over its tiles, keyed on N, K, G and the rows (`programs` = tuned.programs_key(M),
+    which only the key reads)."""
     reset = ["part_ptr"] if name == "kan_dx" else None  # row blocks a discarded config wrote must read 0
-    tune = triton.autotune(configs=_configs(_TILES[name]), key=["N", "K", "G"], reset_to_zero=reset)
+    tune = triton.autotune(configs=_configs(_TILES[name]), key=["N", "K", "G", "programs"], reset_to_zero=reset)
     return TunedKernel(tune(_KERNELS[name]))
+
+
+def _kernel(name: str) -> triton.runtime.KernelInterface | TunedKernel:
+    """The kernel as launched: fixed tiles under the interpreter, autotuned on CUDA."""
+    return _KERNELS[name] if INTERPRET else _autotuned(name)
 
 
 def _launch(name: str, tiles: tuple[int, int], blocks: str, *args, spans: int = 1, **kwargs) -> None:
@@ -381,8 +385,8 @@ def kan_fwd(
     y = torch.empty(M, N, device=x2d.device, dtype=weight.dtype)
     if M:
         _launch(
-            "kan_fwd", (M, N), "MN", x2d, gw32, weight, y, M, N, K, *x2d.stride(), stride_gw, *weight.stride(),
-            *y.stride(), scale, shift, G=G, DOT=_dot_precision(weight.dtype),
+            "kan_fwd", (M, N), "MN", x2d, gw32, weight, y, M, N, K, programs_key(M), *x2d.stride(), stride_gw,
+            *weight.stride(), *y.stride(), scale, shift, G=G, DOT=_dot_precision(weight.dtype),
         )  # fmt: skip
     return y
 
@@ -411,7 +415,7 @@ def kan_bwd(
         part = torch.zeros(triton.cdiv(M, min_block_m), K, G, device=x2d.device, dtype=torch.float32)
         if M:
             _launch(
-                "kan_dx", (M, K), "MK", x2d, gw32, weight, dy, dx, part, M, N, K,
+                "kan_dx", (M, K), "MK", x2d, gw32, weight, dy, dx, part, M, N, K, programs_key(M),
                 *x2d.stride(), stride_gw, *weight.stride(), *dy.stride(), *dx.stride(),
                 scale, shift, dx_scale, G=G, DOT=dot,
             )  # fmt: skip
@@ -422,7 +426,7 @@ def kan_bwd(
             splits = _row_splits(x2d.device, M, N, K)
             part = torch.empty(splits, N, K, device=x2d.device, dtype=torch.float32)
             _launch(
-                "kan_dw", (N, K), "NK", x2d, gw32, dy, part, M, N, K,
+                "kan_dw", (N, K), "NK", x2d, gw32, dy, part, M, N, K, programs_key(M),
                 *x2d.stride(), stride_gw, *dy.stride(), *part.stride()[1:], scale, shift, G=G, DOT=dot,
                 spans=splits,
             )  # fmt: skip
@@ -461,7 +465,7 @@ def edge_fwd(x2d: torch.Tensor, weight: torch.Tensor, grid_min: float, grid_max:
     if M:
         w3 = _by_center(weight, K, G)
         _launch(
-            "edge_fwd", (M, N), "MN", x2d, w3, y, M, N, K, *x2d.stride(), *w3.stride(), *y.stride(),
+            "edge_fwd", (M, N), "MN", x2d, w3, y, M, N, K, programs_key(M), *x2d.stride(), *w3.stride(), *y.stride(),
             scale, shift, G=G, DOT=_dot_precision(weight.dtype),
         )  # fmt: skip
     return y
@@ -488,14 +492,14 @@ def edge_bwd(
         if M:
             w3 = _by_center(weight, K, G)
             _launch(
-                "edge_dx", (M, K), "MK", x2d, w3, dy, dx, M, N, K,
+                "edge_dx", (M, K), "MK", x2d, w3, dy, dx, M, N, K, programs_key(M),
                 *x2d.stride(), *w3.stride(), *dy.stride(), *dx.stride(), scale, shift, dx_scale, G=G, DOT=dot,
             )  # fmt: skip
     if need_dw:
         dw = _empty_weight_grad(weight, M)
         if M:
             _launch(
-                "edge_dw", (N, K), "NK", x2d, dy, dw, M, N, K, *x2d.stride(), *dy.stride(), *dw.stride(),
-                scale, shift, G=G, DOT=dot, spans=triton.cdiv(G, _SPAN),
+                "edge_dw", (N, K), "NK", x2d, dy, dw, M, N, K, programs_key(M), *x2d.stride(), *dy.stride(),
+                *dw.stride(), scale, shift, G=G, DOT=dot, spans=triton.cdiv(G, _SPAN),
             )  # fmt: skip
     return dx, dw
