@@ -75,7 +75,7 @@ def test_fused_matches_fp64(form: str, G: int, dtype: torch.dtype) -> None:
 def test_fused_memory_never_holds_the_basis(form: str) -> None:
     """Peak extra memory of forward+backward: y, dx, dW and small partials, never [M, K] psi or [M, K*G] Phi."""
     x, gw, W, dy = _operands(form, 8, torch.bfloat16, seed=1, shape=(16411, 507, 509))
-    _run(form, x[:64], gw, W, dy[:64], "fused")  # compile and autotune outside the window
+    _run(form, x, gw, W, dy, "fused")  # compile and autotune (keyed on the rows too) outside the window
     xt, gwt, Wt = (t.clone().requires_grad_() for t in (x, gw, W))
     torch.cuda.synchronize()
     torch.cuda.reset_peak_memory_stats()
