@@ -16,6 +16,7 @@ and the arguments' specialisation (`specialisation`: as Triton computes it, or f
 from __future__ import annotations
 
 import inspect
+import math
 from typing import Any
 
 import torch
@@ -33,10 +34,7 @@ def programs_key(*counts: int) -> int:
     `counts` (its programs, or its rows). Which configuration wins (warps, row tiles, a register cap) depends on how
     many programs share the SMs, and Triton's autotuning cache outlives the process: keyed on the shapes alone, a
     tuning made at a test's or an analysis's batch of 2 would serve a training batch of 128."""
-    product = 1
-    for count in counts:
-        product *= count
-    return triton.next_power_of_2(product)
+    return triton.next_power_of_2(math.prod(counts))
 
 
 def specialisation(args: tuple, constexpr: tuple[bool, ...]) -> tuple:
