@@ -62,14 +62,14 @@ def table(rows: list[dict], phase: str) -> str:
     rows = [r for r in rows if f"{phase}_profile" in r]
     if any(r["compile"] == "eager" and _unrenamed(r[f"{phase}_profile"]) for r in rows):
         raise SystemExit("an older result's eager rows: the input and output paths' kernels share their names there")
-    parts = {r["label"]: breakdown(r[f"{phase}_profile"]) for r in rows}
-    names = [part for part, _ in PARTS if any(part in p for p in parts.values())]
-    lines = [f"| {phase} step, kernel ms | " + " | ".join(r["label"] for r in rows) + " |"]
+    parts = [breakdown(r[f"{phase}_profile"]) for r in rows]  # by position: a label recurs in each compile mode
+    names = [part for part, _ in PARTS if any(part in p for p in parts)]
+    lines = [f"| {phase} step, kernel ms | " + " | ".join(f"{r['label']} ({r['compile']})" for r in rows) + " |"]
     lines.append("|---" * (len(rows) + 1) + "|")
     for name in names:
-        lines.append(f"| {name} | " + " | ".join(f"{parts[r['label']].get(name, 0.0):.3f}" for r in rows) + " |")
+        lines.append(f"| {name} | " + " | ".join(f"{p.get(name, 0.0):.3f}" for p in parts) + " |")
     totals = [r[f"{phase}_profile"]["device_time_ms"] for r in rows]
-    listed = [sum(parts[r["label"]].values()) for r in rows]
+    listed = [sum(p.values()) for p in parts]
     lines.append("| **all kernels** | " + " | ".join(f"**{t:.3f}**" for t in totals) + " |")
     lines.append(
         "| share in the listed kernels | "

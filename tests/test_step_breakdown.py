@@ -64,3 +64,11 @@ def test_older_eager_rows_are_refused(breakdown) -> None:
     """Before the rename `_bwd_kernel` was the input path's or the eager output path's: an eager row is ambiguous."""
     with pytest.raises(SystemExit, match="share their names"):
         breakdown.table([_row("LKAT-T", "eager", {"_bwd_kernel": 1.0})], "train")
+
+
+def test_rows_sharing_a_label_keep_their_own_columns(breakdown) -> None:
+    """A --compare run of two compile modes labels both ViT-T rows alike: each keeps its own column."""
+    rows = [_row("ViT-T", "eager", {"nvjet_a": 3.0}), _row("ViT-T", "reduce-overhead", {"nvjet_a": 1.0})]
+    lines = breakdown.table(rows, "train").splitlines()
+    assert lines[0] == "| train step, kernel ms | ViT-T (eager) | ViT-T (reduce-overhead) |"
+    assert "| GEMM (cuBLAS, CUTLASS) | 3.000 | 1.000 |" in lines
