@@ -19,7 +19,9 @@ lies in the early half and t in the late half of one block of 2W rows. With r th
 exp(b_t - b_s) = exp(b_t - b_r) * exp(b_r - b_s) and s < r <= t: both factors are <= 1, nothing can overflow, and
 each level is one tl.dot, the diagonal (decay 1) a row-wise sum. Both are exact up to the dots' rounding. Every
 tl.dot takes fp32 operands with fp32 accumulation: TF32 for 16-bit inputs, exact products when q, k and v are all
-fp32.
+fp32. One exception: do . v^T in the backward, whose operands are 16-bit inputs as they come, multiplies them in their
+own dtype (the same exact products, on the 16-bit tensor cores). Rounding the other operands to bf16 instead (fla's
+way) made the kernels faster but less exact than fla's chunk_gla (benchmarks/README.md, "bf16 tensor-core operands").
 
 The backward is one program per (batch, head, segment). A forward walk recomputes the states, writes the
 inter-chunk part of dq into the fp32 gate-gradient buffer and finds the segment's largest |b|; a reverse walk
@@ -82,8 +84,14 @@ SEGMENTS_MIN_T = 512
 
 @triton.jit
 def _mm(a, b, PRECISION: tl.constexpr):
-    """a @ b of fp32 operands with fp32 accumulation, at PRECISION ("tf32" or "ieee")."""
-    return tl.dot(a.to(tl.float32), b.to(tl.float32), input_precision=PRECISION)
+    """a @ b with fp32 accumulation: of bf16 or fp16 operands (PRECISION "bf16", "fp16"), else of fp32 operands at
+    PRECISION ("tf32" or "ieee")."""
+    if PRECISION == "bf16":
+        return tl.dot(a.to(tl.bfloat16), b.to(tl.bfloat16))
+    elif PRECISION == "fp16":
+        return tl.dot(a.to(tl.float16), b.to(tl.float16))
+    else:
+        return tl.dot(a.to(tl.float32), b.to(tl.float32), input_precision=PRECISION)
 
 
 @triton.jit
@@ -228,6 +236,7 @@ def _gla_short_fwd_kernel(
 def _reverse_walk(
     q_ptr, k_ptr, v_ptr, g_ptr, do_ptr, dq_ptr, dk_ptr, dv_ptr, dg_ptr, dh_ptr, sq, sk, sv, sg, sdo, sgk, sgv,
     i_b, i_h, T, seg_len, H, scale, later, K: tl.constexpr, V: tl.constexpr, PRECISION: tl.constexpr,
+    INPUT_PRECISION: tl.constexpr,
     DIRECT: tl.constexpr, SEGMENTED: tl.constexpr,
 ):  # fmt: skip
     """The backward's reverse walk over one (batch, head, segment) with dS, the gradient of the state that enters
@@ -250,7 +259,7 @@ def _reverse_walk(
         do = _tile(do_ptr, sdo, i_b, i_h, rows, cv, T)
         b, b_last = _gates(g_ptr, sg, i_b, i_h, rows, ck, T)
         dq = _tile(dg_ptr, sgk, i_b, i_h, rows, ck, T)
-        d_scores = _mm(do, tl.trans(v), PRECISION)  # [t, s] = do_t . v_s (used where s <= t)
+        d_scores = _mm(do, tl.trans(v), INPUT_PRECISION)  # [t, s] = do_t . v_s (used where s <= t)
         if DIRECT:
             q_up, k_down = _direct_factors(q, k, b)
             scores = tl.where(causal, _mm(q_up, tl.trans(k_down), PRECISION), 0.0)
@@ -284,6 +293,7 @@ def _reverse_walk(
 def _gla_short_bwd_kernel(
     q_ptr, k_ptr, v_ptr, g_ptr, do_ptr, dq_ptr, dk_ptr, dv_ptr, dg_ptr, h_ptr, dh_ptr, sq, sk, sv, sg, sdo, sgk,
     sgv, T, H, scale, seg_len, programs, K: tl.constexpr, V: tl.constexpr, PRECISION: tl.constexpr,
+    INPUT_PRECISION: tl.constexpr,
     SEGMENTED: tl.constexpr,
 ):  # fmt: skip
     """dq, dk, dv and the fp32 dgk of one (batch * head, segment). dq, dk and dg share the strides sgk, dv has sgv.
@@ -318,9 +328,9 @@ def _gla_short_bwd_kernel(
 
     args = (q_ptr, k_ptr, v_ptr, g_ptr, do_ptr, dq_ptr, dk_ptr, dv_ptr, dg_ptr, dh_ptr, sq, sk, sv, sg, sdo, sgk, sgv)
     if tl.max(span, axis=0) <= SAFE_LOG:
-        _reverse_walk(*args, i_b, i_h, T, seg_len, H, scale, later, K, V, PRECISION, True, SEGMENTED)
+        _reverse_walk(*args, i_b, i_h, T, seg_len, H, scale, later, K, V, PRECISION, INPUT_PRECISION, True, SEGMENTED)
     else:
-        _reverse_walk(*args, i_b, i_h, T, seg_len, H, scale, later, K, V, PRECISION, False, SEGMENTED)
+        _reverse_walk(*args, i_b, i_h, T, seg_len, H, scale, later, K, V, PRECISION, INPUT_PRECISION, False, SEGMENTED)
 
 
 def _forward_configs(V: int) -> list[triton.Config]:
@@ -372,8 +382,19 @@ def _kernel(kernel: str, V: int) -> triton.runtime.KernelInterface | TunedKernel
 
 
 def _precision(*xs: torch.Tensor) -> str:
-    """tl.dot precision: exact fp32 products when every operand is fp32, else TF32 (16-bit operands bound it)."""
+    """The backward's tl.dot precision: exact fp32 products when every operand is fp32, else TF32 (16-bit operands
+    bound it)."""
     return "ieee" if all(x.dtype == torch.float32 for x in xs) else "tf32"
+
+
+def _input_precision(*xs: torch.Tensor) -> str:
+    """tl.dot precision of a product whose operands are inputs as they come (do . v^T in the backward): their own
+    16-bit dtype when they share one (bf16 x bf16 -> fp32: the exact products TF32 gives them too, at the 16-bit
+    tensor cores' rate), else _precision. The interpreter's 16-bit tl.dot is wrong (Triton 3.8): there, _precision."""
+    dtypes = {x.dtype for x in xs}
+    if INTERPRET or len(dtypes) > 1 or dtypes <= {torch.float32}:
+        return _precision(*xs)
+    return {torch.bfloat16: "bf16", torch.float16: "fp16"}[dtypes.pop()]
 
 
 def supports(q: torch.Tensor, v: torch.Tensor) -> bool:
@@ -472,7 +493,8 @@ def gla_short_bwd(
     rows, walks = _segments(T, segment)
     strides = (q.stride(), k.stride(), v.stride(), gk.stride(), do.stride(), dg.stride(), dv.stride())
     args = (q, k, v, gk, do, dq, dk, dv, dg, h, dh, *strides, T, H, scale, rows, programs_key(B, H, walks))
-    meta = dict(K=K, V=v.shape[-1], PRECISION=_precision(q, k, v), SEGMENTED=bool(segment))
+    meta = dict(K=K, V=v.shape[-1], PRECISION=_precision(q, k, v), INPUT_PRECISION=_input_precision(do, v))
+    meta["SEGMENTED"] = bool(segment)
     _kernel("bwd", v.shape[-1])[(B * H, walks)](*args, **meta)
     return dq, dk, dv, dg.to(gk.dtype)
 
