@@ -165,13 +165,13 @@ def test_custom_op_passes_opcheck_and_compiles_without_graph_break(interp: dict,
     assert interp[op]["compile_err"] < 1e-6
 
 
-def test_products_of_inputs_take_their_dtype() -> None:
-    """do . v^T multiplies the 16-bit inputs in their own dtype (exact products, the 16-bit tensor cores); mixed or
-    fp32 operands, and the interpreter (whose 16-bit tl.dot is wrong), keep the kernels' fp32 precision."""
+def test_products_of_bf16_inputs_take_bf16() -> None:
+    """do . v^T multiplies bf16 inputs as bf16 (exact products, the 16-bit tensor cores); mixed, fp16 or fp32
+    operands, and the interpreter (whose bf16 tl.dot is wrong), keep the kernels' fp32 precision."""
     bf16, fp16, fp32 = (torch.zeros(1, dtype=d) for d in (torch.bfloat16, torch.float16, torch.float32))
-    expected = {(bf16, bf16): "bf16", (fp16, fp16): "fp16", (bf16, fp16): "tf32", (bf16, fp32): "tf32"}
-    for operands, precision in expected.items():
-        assert gla_short._input_precision(*operands) == ("tf32" if gla_short.INTERPRET else precision)
+    assert gla_short._input_precision(bf16, bf16) == ("tf32" if gla_short.INTERPRET else "bf16")
+    for operands in [(fp16, fp16), (bf16, fp16), (bf16, fp32)]:
+        assert gla_short._input_precision(*operands) == "tf32"
     assert gla_short._input_precision(fp32, fp32) == "ieee"
 
 

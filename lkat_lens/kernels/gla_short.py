@@ -19,8 +19,8 @@ lies in the early half and t in the late half of one block of 2W rows. With r th
 exp(b_t - b_s) = exp(b_t - b_r) * exp(b_r - b_s) and s < r <= t: both factors are <= 1, nothing can overflow, and
 each level is one tl.dot, the diagonal (decay 1) a row-wise sum. Both are exact up to the dots' rounding. Every
 tl.dot takes fp32 operands with fp32 accumulation: TF32 for 16-bit inputs, exact products when q, k and v are all
-fp32. One exception: do . v^T in the backward, whose operands are 16-bit inputs as they come, multiplies them in their
-own dtype (the same exact products, on the 16-bit tensor cores). Rounding the other operands to bf16 instead (fla's
+fp32. One exception: do . v^T in the backward, whose operands are bf16 inputs as they come, multiplies them as bf16
+(the same exact products, on the 16-bit tensor cores). Rounding the other operands to bf16 instead (fla's
 way) made the kernels faster but less exact than fla's chunk_gla (benchmarks/README.md, "bf16 tensor-core operands").
 
 The backward is one program per (batch, head, segment). A forward walk recomputes the states, writes the
@@ -84,12 +84,10 @@ SEGMENTS_MIN_T = 512
 
 @triton.jit
 def _mm(a, b, PRECISION: tl.constexpr):
-    """a @ b with fp32 accumulation: of bf16 or fp16 operands (PRECISION "bf16", "fp16"), else of fp32 operands at
-    PRECISION ("tf32" or "ieee")."""
+    """a @ b with fp32 accumulation: of bf16 operands (PRECISION "bf16"), else of fp32 operands at PRECISION ("tf32"
+    or "ieee")."""
     if PRECISION == "bf16":
         return tl.dot(a.to(tl.bfloat16), b.to(tl.bfloat16))
-    elif PRECISION == "fp16":
-        return tl.dot(a.to(tl.float16), b.to(tl.float16))
     else:
         return tl.dot(a.to(tl.float32), b.to(tl.float32), input_precision=PRECISION)
 
@@ -388,13 +386,13 @@ def _precision(*xs: torch.Tensor) -> str:
 
 
 def _input_precision(*xs: torch.Tensor) -> str:
-    """tl.dot precision of a product whose operands are inputs as they come (do . v^T in the backward): their own
-    16-bit dtype when they share one (bf16 x bf16 -> fp32: the exact products TF32 gives them too, at the 16-bit
-    tensor cores' rate), else _precision. The interpreter's 16-bit tl.dot is wrong (Triton 3.8): there, _precision."""
-    dtypes = {x.dtype for x in xs}
-    if INTERPRET or len(dtypes) > 1 or dtypes <= {torch.float32}:
+    """tl.dot precision of a product whose operands are inputs as they come (do . v^T in the backward): "bf16" when
+    they are all bf16 (bf16 x bf16 -> fp32: the exact products TF32 gives them too, at the 16-bit tensor cores' rate;
+    the GPU tests cover bf16 and fp32, not fp16), else _precision. The interpreter's bf16 tl.dot is wrong (Triton
+    3.8): there, _precision."""
+    if INTERPRET or any(x.dtype != torch.bfloat16 for x in xs):
         return _precision(*xs)
-    return {torch.bfloat16: "bf16", torch.float16: "fp16"}[dtypes.pop()]
+    return "bf16"
 
 
 def supports(q: torch.Tensor, v: torch.Tensor) -> bool:
