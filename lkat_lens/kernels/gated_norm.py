@@ -82,7 +82,7 @@ def _gated_norm_bwd_kernel(o_ptr, g_ptr, w_ptr, b_ptr, dout_ptr, do_ptr, dg_ptr,
                            eps, programs, V: tl.constexpr, BV: tl.constexpr, BR: tl.constexpr,
                            ROWS: tl.constexpr):  # fmt: skip
     """do and dg (contiguous [N, H, V]) of ROWS rows in tiles of BR, and this program's partial sums of the weight and
-    bias gradients at part_ptr [programs, 2, V]; `programs` is only the autotuning key."""
+    bias gradients at part_ptr [launched programs, 2, V]; the argument `programs` is only the autotuning key."""
     c = tl.arange(0, BV)
     w = tl.load(w_ptr + c, mask=c < V, other=0.0).to(tl.float32)
     b = tl.load(b_ptr + c, mask=c < V, other=0.0).to(tl.float32)

@@ -491,8 +491,13 @@ def gla_short_bwd(
     rows, walks = _segments(T, segment)
     strides = (q.stride(), k.stride(), v.stride(), gk.stride(), do.stride(), dg.stride(), dv.stride())
     args = (q, k, v, gk, do, dq, dk, dv, dg, h, dh, *strides, T, H, scale, rows, programs_key(B, H, walks))
-    meta = dict(K=K, V=v.shape[-1], PRECISION=_precision(q, k, v), INPUT_PRECISION=_input_precision(do, v))
-    meta["SEGMENTED"] = bool(segment)
+    meta = dict(
+        K=K,
+        V=v.shape[-1],
+        PRECISION=_precision(q, k, v),
+        INPUT_PRECISION=_input_precision(do, v),
+        SEGMENTED=bool(segment),
+    )
     _kernel("bwd", v.shape[-1])[(B * H, walks)](*args, **meta)
     return dq, dk, dv, dg.to(gk.dtype)
 
