@@ -25,7 +25,7 @@ PARTS: tuple[tuple[str, str], ...] = (  # (part, regular expression searched in 
     ("GLA: fla's kernels", r"^(chunk_|fused_recurrent_|chunk_gla)"),
     ("attention: SDPA", r"sdpa|flash|fmha"),
     ("GLA input path (conv, SiLU, RMSNorm, RoPE)", r"^_gla_input_|^_(fwd|bwd)_kernel$"),
-    ("GLA output path, eager kernel", r"^_gated_norm_"),
+    ("GLA output path (LayerNorm x SiLU gate), our kernels", r"^_gated_norm_"),
     ("GLA gate (log-sigmoid)", r"log_sigmoid|^_log_gate"),
     ("KAN: our Triton kernels", r"^_(rbf_grid_linear|kan_|edge_)"),
     ("KAN basis, traced (inductor)", r"^triton_.*exp2"),

@@ -66,6 +66,24 @@ def _measure_case(case: tuple) -> dict:
     return errors
 
 
+def _check_op_and_compile() -> dict:
+    """torch.library.opcheck of both custom ops (g a strided column slice), and torch.compile (fullgraph) through
+    the forward op and its registered backward."""
+    o, g, weight, bias, dout = make_case(5, 3, 64, torch.float32, True)
+    leaves = [t.requires_grad_() for t in (o, g, weight, bias)]
+    torch.library.opcheck(torch.ops.lkat_lens.gated_norm, (*leaves, 1e-5))
+    detached = [t.detach() for t in (o, g, weight, bias)]  # the backward op has no gradient of its own
+    torch.library.opcheck(torch.ops.lkat_lens.gated_norm_backward, (*detached, dout, 1e-5))
+
+    def fn(*args):
+        return gated_norm.gated_norm(*args) * 2
+
+    compiled = torch.compile(fn, fullgraph=True, backend="aot_eager")
+    eager = outputs_and_grads(fn, o, g, weight, bias, dout)
+    traced = outputs_and_grads(compiled, o, g, weight, bias, dout)
+    return {"opcheck": True, "compile_err": max(rel_max(a, b) for a, b in zip(traced, eager, strict=True))}
+
+
 def _check_model() -> dict:
     """lkat_micro in fp32 with the fused output path and with its modules, each against the model in fp64 (modules):
     logits and all parameter gradients; a forward hook on g_norm turns the fused path off and fires."""
@@ -112,6 +130,7 @@ def interpreter_measurements() -> dict:
     """Every case's measurements (needs TRITON_INTERPRET=1 before triton was imported)."""
     results = {cid: _measure_case(case) for cid, case in CASES.items()}
     results["row_tiles"] = _every_row_tile()
+    results["op"] = _check_op_and_compile()
     results["model"] = _check_model()
     return results
 
@@ -166,6 +185,18 @@ def test_input_validation() -> None:
         gated_norm.gated_norm(o, o[:, :2], torch.ones(16), torch.zeros(16), 1e-5)
     with pytest.raises(ValueError, match="gla_output must be one of"):
         lkat_lens.create_model("lkat_micro", num_classes=10).set_backends(gla_output="fast")
+
+
+def test_custom_ops_pass_opcheck_and_compile_without_graph_break(interp: dict) -> None:
+    assert interp["op"]["opcheck"]
+    assert interp["op"]["compile_err"] < 1e-6
+
+
+def test_compiled_graphs_may_pass_any_strides() -> None:
+    """Both ops read their tensors through their strides (g comes as a column slice of the projection output), so
+    inductor must not copy them to the strides they were traced with."""
+    for op in (torch.ops.lkat_lens.gated_norm.default, torch.ops.lkat_lens.gated_norm_backward.default):
+        assert torch.Tag.flexible_layout in op.tags, op.tags
 
 
 if __name__ == "__main__":

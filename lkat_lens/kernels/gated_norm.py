@@ -1,4 +1,4 @@
-"""GLA's output path for eager mode as one Triton kernel each way: per-head LayerNorm of o times SiLU of the gate g.
+"""GLA's output path as one Triton kernel each way: per-head LayerNorm of o times SiLU of the gate g.
 
 For o and g [N, H, V] (any strides; N = batch x tokens) and the LayerNorm's weight and bias [V]:
     out = (LN(o) * weight + bias) * SiLU(g),   LN(o) = (o - mean) / sqrt(var + eps) per (n, h) row of V channels,
@@ -6,12 +6,16 @@ computed in fp32 and stored once in the promoted dtype of o and g. The backward 
 (only o, g and the parameters are saved) and writes do and dg; the weight and bias gradients are summed per program
 over its rows and the programs' partials are summed on the host in a fixed order (deterministic, no atomics).
 
-Why: eager PyTorch's LayerNorm kernel takes one thread block per row, and GLA's rows are one head wide (64 channels,
-B x T x H of them): on the H200 machine its forward took 4.2 ms and its backward 3.0 ms of an eager LKAT-B training
-step's 74.5 ms of kernel time (batch 128; 1.8 ms for the blocks' 25 LayerNorms over 768 channels). torch.compile
-needs none of this: inductor fuses the same expression into its own kernels, so the model takes this path only in
-eager mode (models.attention.VisionGLA.gated_norm). On CUDA the kernels are autotuned over row tiles and warps; with
-TRITON_INTERPRET=1 in the environment before triton is first imported they run on CPU tensors, with a fixed tile.
+Why, in eager mode: PyTorch's LayerNorm kernel takes one thread block per row, and GLA's rows are one head wide (64
+channels, B x T x H of them): on the H200 machine its forward took 4.2 ms and its backward 3.0 ms of an eager LKAT-B
+training step's 74.5 ms of kernel time (batch 128; 1.8 ms for the blocks' 25 LayerNorms over 768 channels). Under
+torch.compile inductor fuses the modules' expression itself, but into a backward of three kernels (the rows, a
+second pass over o, g and the output gradient for the weight and bias, and SiLU's gradient recomputed in the cat of
+the projections' gradients): the ops here, which torch.compile keeps as opaque calls, took LKAT-T's compiled training
+step from 15.63 to 15.26 ms of kernels and LKAT-S's from 28.82 to 28.07 (H100, batch 128; benchmarks/README.md). So
+the model takes this path in both modes (models.attention.VisionGLA.gated_norm). On CUDA the kernels are autotuned
+over row tiles and warps; with TRITON_INTERPRET=1 in the environment before triton is first imported they run on CPU
+tensors, with a fixed tile.
 """
 
 from __future__ import annotations
@@ -23,6 +27,7 @@ import torch
 import triton
 import triton.language as tl
 
+from .autograd_ops import Kernel, differentiable
 from .tuned import TunedKernel, programs_key
 
 INTERPRET = os.environ.get("TRITON_INTERPRET", "0") == "1"
@@ -149,36 +154,70 @@ def gated_norm_fwd(o, g, weight, bias, eps: float) -> torch.Tensor:
 
 
 def gated_norm_bwd(o, g, weight, bias, dout, eps: float) -> tuple[torch.Tensor, ...]:
-    """(do in o's dtype, dg in g's dtype, dweight, dbias in the parameters' dtypes) for the output gradient dout."""
+    """(do in o's dtype, dg in g's dtype, d_affine) for the output gradient dout: d_affine [2, V] in fp32 holds the
+    weight's gradient, then the bias's."""
     N, H, V = o.shape
     rows = N * H
     do = torch.empty(N, H, V, dtype=o.dtype, device=o.device)
     dg = torch.empty(N, H, V, dtype=g.dtype, device=o.device)
     if not rows:
-        return do, dg, torch.zeros_like(weight), torch.zeros_like(bias)
+        return do, dg, torch.zeros(2, V, dtype=torch.float32, device=o.device)
     programs = triton.cdiv(rows, _BWD_ROWS)
     part = torch.empty(programs, 2, V, dtype=torch.float32, device=o.device)
     meta = dict(V=V, BV=triton.next_power_of_2(V), ROWS=_BWD_ROWS)
     strides = (o.stride(), g.stride(), dout.stride())
     args = (o, g, weight, bias, dout, do, dg, part, *strides, rows, H, eps, programs_key(rows))
     _launch("backward", lambda br: programs, *args, **meta)
-    dweight, dbias = part.sum(0)
-    return do, dg, dweight.to(weight.dtype), dbias.to(bias.dtype)
+    return do, dg, part.sum(0)
 
 
-class _GatedNorm(torch.autograd.Function):
-    """out = LN(o) * SiLU(g) with the kernels above; saves o, g and the parameters."""
+# The kernels read o, g and the output gradient through their strides (g is a column slice of the projection output),
+# so torch.compile may pass them in whatever layout it holds them: without this tag inductor copies each input to the
+# strides it had when traced (custom ops' default).
+_ANY_STRIDES = (torch.Tag.flexible_layout,)
 
-    @staticmethod
-    def forward(ctx, o, g, weight, bias, eps):
-        ctx.save_for_backward(o, g, weight, bias)
-        ctx.eps = eps
-        return gated_norm_fwd(o, g, weight, bias, eps)
 
-    @staticmethod
-    def backward(ctx, dout):
-        o, g, weight, bias = ctx.saved_tensors
-        return (*gated_norm_bwd(o, g, weight, bias, dout, ctx.eps), None)
+@torch.library.custom_op("lkat_lens::gated_norm", mutates_args=(), tags=_ANY_STRIDES)
+def _gated_norm_op(
+    o: torch.Tensor, g: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, eps: float
+) -> torch.Tensor:
+    """The forward as a custom op (opaque to torch.compile)."""
+    return gated_norm_fwd(o, g, weight, bias, eps)
+
+
+@_gated_norm_op.register_fake
+def _gated_norm_fake(o, g, weight, bias, eps) -> torch.Tensor:
+    return o.new_empty(o.shape, dtype=torch.promote_types(o.dtype, g.dtype))
+
+
+@torch.library.custom_op("lkat_lens::gated_norm_backward", mutates_args=(), tags=_ANY_STRIDES)
+def _gated_norm_backward_op(
+    o: torch.Tensor, g: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, dout: torch.Tensor, eps: float
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The backward as a custom op: (do, dg, d_affine)."""
+    return gated_norm_bwd(o, g, weight, bias, dout, eps)
+
+
+@_gated_norm_backward_op.register_fake
+def _gated_norm_backward_fake(o, g, weight, bias, dout, eps):
+    return o.new_empty(o.shape), g.new_empty(o.shape), o.new_empty(2, o.shape[-1], dtype=torch.float32)
+
+
+def _setup_context(ctx, inputs: tuple, output: torch.Tensor) -> None:
+    o, g, weight, bias, eps = inputs
+    ctx.save_for_backward(o, g, weight, bias)
+    ctx.eps = eps
+
+
+def _backward(ctx, dout: torch.Tensor, kernel) -> tuple:
+    o, g, weight, bias = ctx.saved_tensors
+    do, dg, d_affine = kernel(o, g, weight, bias, dout, ctx.eps)
+    return do, dg, d_affine[0].to(weight.dtype), d_affine[1].to(bias.dtype), None
+
+
+_gated_norm = differentiable(
+    Kernel(_gated_norm_op, gated_norm_fwd), Kernel(_gated_norm_backward_op, gated_norm_bwd), _backward, _setup_context
+)
 
 
 def supports(o: torch.Tensor, g: torch.Tensor) -> bool:
@@ -204,6 +243,4 @@ def gated_norm(o: torch.Tensor, g: torch.Tensor, weight: torch.Tensor, bias: tor
             f"on {o.device}, weight {tuple(weight.shape)}, bias {tuple(bias.shape)}"
         )
     lead, (H, V) = o.shape[:-2], o.shape[-2:]
-    args = (o.reshape(-1, H, V), g.reshape(-1, H, V), weight, bias, float(eps))
-    out = _GatedNorm.apply(*args) if torch.is_grad_enabled() else gated_norm_fwd(*args)  # no node without gradients
-    return out.view(*lead, H, V)
+    return _gated_norm(o.reshape(-1, H, V), g.reshape(-1, H, V), weight, bias, float(eps)).view(*lead, H, V)

@@ -90,9 +90,9 @@ class VisionGLA(nn.Module):
     (q_conv1d, q_norm, rotary, ...); "fused" runs each of q, k, v through one kernel (`kernels.gla_input`: the
     same computation in fp32, stored once); "auto" is "fused" on CUDA and "torch" elsewhere. While a forward
     (pre-)hook sits on one of those modules, the modules run, whatever the mode, so that the hook fires.
-    `output_mode` (the same modes) is how the output path g_norm(o) * SiLU(g) runs in eager mode: "fused" is one
-    kernel each way (`kernels.gated_norm`), "auto" (the default) is "fused" on CUDA and "torch" elsewhere; while
-    torch.compile traces, or a hook sits on g_norm, it is the modules' form (inductor fuses that itself).
+    `output_mode` (the same modes) is how the output path g_norm(o) * SiLU(g) runs: "fused" is one kernel each way
+    (`kernels.gated_norm`, eager and under torch.compile), "auto" (the default) is "fused" on CUDA and "torch"
+    elsewhere; while a hook sits on g_norm it is the modules' form.
     """
 
     def __init__(
@@ -211,13 +211,13 @@ class VisionGLA(nn.Module):
         return self.hook_out(self.o_proj(o.flatten(-2)))
 
     def fuses_output(self, o: torch.Tensor, g: torch.Tensor) -> bool:
-        """Whether g_norm(o) * SiLU(g) takes the fused kernel (see output_mode): not while torch.compile traces, nor
-        with a hook on g_norm or a g_norm without weight and bias."""
+        """Whether g_norm(o) * SiLU(g) takes the fused kernel (see output_mode): not with a hook on g_norm nor for a
+        g_norm without weight and bias."""
         check_input_mode(self.output_mode, "gla_output")
         if not _takes_kernel(self.output_mode, o):
             return False
         norm = self.g_norm
-        if torch.compiler.is_compiling() or norm._forward_hooks or norm._forward_pre_hooks or norm.bias is None:
+        if norm._forward_hooks or norm._forward_pre_hooks or norm.bias is None:
             return False
         return norm.weight is not None and fused_output_supports(o, g)
 

@@ -64,3 +64,31 @@ def test_lkat_fused_output_as_close_to_fp64_as_the_modules() -> None:
     assert model.set_backends(gla_output="auto").blocks[0].attn.fuses_output(o, o)
     bf16 = {mode: step(model, images, mode, autocast=True) for mode in ("torch", "fused")}
     assert error(bf16["fused"], bf16["torch"]) < 3e-2
+
+
+def test_compiled_lkat_with_the_kernel_as_close_as_with_the_modules() -> None:
+    """torch.compile (fullgraph, bf16 autocast) of a one-block LKAT-T with the output path as the kernel's custom ops
+    and as inductor's fusion of the modules: logits and the flat parameter gradient as close to the fp32 eager model
+    as each other, and the kernel is what the compiled step runs."""
+    torch.manual_seed(0)
+    model = lkat_lens.create_model("lkat_tiny_patch16_224", num_classes=10, depth=1).cuda()
+    images = torch.randn(4, 3, 224, 224, device="cuda", generator=torch.Generator(device="cuda").manual_seed(1))
+
+    def step(mode, compiled):
+        net = copy.deepcopy(model).set_backends(gla_output=mode)
+        run = torch.compile(net, fullgraph=True) if compiled else net
+        with torch.autocast("cuda", dtype=torch.bfloat16, enabled=compiled):
+            logits = run(images).float()
+        logits.square().sum().backward()
+        return [logits.detach(), torch.cat([p.grad.float().flatten() for p in net.parameters()])]
+
+    truth = step("torch", compiled=False)
+    errors = {}
+    for mode in ("torch", "fused"):
+        with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
+            results = step(mode, compiled=True)
+        errors[mode] = max(rel_norm(a, b) for a, b in zip(results, truth, strict=True))
+        names = {e.key for e in prof.key_averages()}
+        assert any("_gated_norm_bwd_kernel" in n for n in names) == (mode == "fused"), (mode, sorted(names)[:20])
+    torch.compiler.reset()
+    assert errors["fused"] <= 1.5 * errors["torch"] + 1e-3, errors
