@@ -87,7 +87,8 @@ def _gated_norm_bwd_kernel(o_ptr, g_ptr, w_ptr, b_ptr, dout_ptr, do_ptr, dg_ptr,
                            eps, programs, V: tl.constexpr, BV: tl.constexpr, BR: tl.constexpr,
                            ROWS: tl.constexpr):  # fmt: skip
     """do and dg (contiguous [N, H, V]) of ROWS rows in tiles of BR, and this program's partial sums of the weight and
-    bias gradients at part_ptr [launched programs, 2, V]; the argument `programs` is only the autotuning key."""
+    bias gradients at part_ptr [2, V, launched programs] (partials last: the host's sum over them is a contiguous
+    reduction); the argument `programs` is only the autotuning key."""
     c = tl.arange(0, BV)
     w = tl.load(w_ptr + c, mask=c < V, other=0.0).to(tl.float32)
     b = tl.load(b_ptr + c, mask=c < V, other=0.0).to(tl.float32)
@@ -112,9 +113,10 @@ def _gated_norm_bwd_kernel(o_ptr, g_ptr, w_ptr, b_ptr, dout_ptr, do_ptr, dg_ptr,
         offs = r[:, None].to(tl.int64) * V + c[None, :]
         tl.store(do_ptr + offs, dx.to(do_ptr.dtype.element_ty), mask=mask)
         tl.store(dg_ptr + offs, dgate.to(dg_ptr.dtype.element_ty), mask=mask)
-    part = part_ptr + tl.program_id(0) * 2 * V + c
+    launched = tl.num_programs(0)
+    part = part_ptr + c * launched + tl.program_id(0)
     tl.store(part, tl.sum(dw, axis=0), mask=c < V)
-    tl.store(part + V, tl.sum(db, axis=0), mask=c < V)
+    tl.store(part + V * launched, tl.sum(db, axis=0), mask=c < V)
 
 
 _KERNELS = {"forward": _gated_norm_fwd_kernel, "backward": _gated_norm_bwd_kernel}
@@ -163,12 +165,12 @@ def gated_norm_bwd(o, g, weight, bias, dout, eps: float) -> tuple[torch.Tensor, 
     if not rows:
         return do, dg, torch.zeros(2, V, dtype=torch.float32, device=o.device)
     programs = triton.cdiv(rows, _BWD_ROWS)
-    part = torch.empty(programs, 2, V, dtype=torch.float32, device=o.device)
+    part = torch.empty(2, V, programs, dtype=torch.float32, device=o.device)
     meta = dict(V=V, BV=triton.next_power_of_2(V), ROWS=_BWD_ROWS)
     strides = (o.stride(), g.stride(), dout.stride())
     args = (o, g, weight, bias, dout, do, dg, part, *strides, rows, H, eps, programs_key(rows))
     _launch("backward", lambda br: programs, *args, **meta)
-    return do, dg, part.sum(0)
+    return do, dg, part.sum(-1)
 
 
 # The kernels read o, g and the output gradient through their strides (g is a column slice of the projection output),
