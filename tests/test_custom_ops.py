@@ -234,7 +234,7 @@ def test_gla_layer_under_autocast_casts_its_input_once_and_keeps_the_output_path
         with torch.autocast("cpu", dtype=torch.bfloat16):
             return gla_layer(x)
 
-    assert copies_of_shape(forward, [2, 21, 64]) == 1
+    assert copies_of_shape(forward, [2, 21, 64]) + copies_of_shape(forward, [2 * 21, 64]) == 1  # x or its rows
     out, exact = forward(), gla_layer(x)
     assert out.dtype == torch.bfloat16 and rel_norm(out, exact) < 3e-2
     o, g = torch.randn(2, 21, 2, 32).bfloat16(), torch.randn(2, 21, 2, 32).bfloat16()

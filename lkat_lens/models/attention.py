@@ -161,10 +161,13 @@ class VisionGLA(nn.Module):
     def project(self, x: torch.Tensor) -> tuple[torch.Tensor, ...]:
         """x through q_proj, k_proj, v_proj, g_proj and the gate's first (low-rank) Linear as one matmul with their
         stacked weights: the same products, but one GEMM and (under autocast) one cast of x instead of five, and
-        x's gradient summed inside the GEMM's fp32 accumulation."""
+        x's gradient summed inside the GEMM's fp32 accumulation. The GEMM runs on x's rows as one 2-D matrix: under
+        torch.compile the gradients of the pieces are then concatenated into the [rows, outputs] matrix the backward
+        GEMMs read. From a [B, T, outputs] output inductor padded the batch stride of that concatenation (LKAT-T's
+        784 columns: 201 x 784 -> 157,632), and viewing it as rows took a copy of it in every layer."""
         linears = self.projections()
-        y = F.linear(x, torch.cat([m.weight for m in linears]))
-        return y.split([m.out_features for m in linears], dim=-1)
+        y = F.linear(x.flatten(0, -2), torch.cat([m.weight for m in linears]))
+        return tuple(part.unflatten(0, x.shape[:-1]) for part in y.split([m.out_features for m in linears], dim=-1))
 
     def input_modules(self) -> tuple[nn.Module, ...]:
         """The modules between the projections and the GLA (convolutions, q/k norms, RoPE)."""
