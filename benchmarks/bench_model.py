@@ -570,8 +570,8 @@ def main() -> None:
         nargs="+",
         default=["auto"],
         choices=["auto", "fused", "torch"],
-        help="--compare: LKAT's eager GLA output paths (VisionGLA.output_mode; auto: the fused kernel on CUDA in eager "
-        "mode; torch: the modules)",
+        help="--compare: LKAT's GLA output paths (VisionGLA.output_mode; auto: the fused kernel on CUDA, eager and "
+        "compiled; torch: the modules)",
     )
     parser.add_argument("--compile-modes", nargs="+", default=["eager", "default"], choices=COMPILE_MODES)
     parser.add_argument(

@@ -176,7 +176,7 @@ class LKAT(FlatViT):
         gla_output: str | None = None,
     ) -> LKAT:
         """Choose the GLA mode (kernels.gla.MODES: auto/chunk/fused_recurrent/short/torch), the KAN layers'
-        kernel backend (kernels.kan_linear.BACKENDS: auto/torch/triton/fused), GLA's input path and its eager output
+        kernel backend (kernels.kan_linear.BACKENDS: auto/torch/triton/fused), GLA's input path and its output
         path (models.attention.INPUT_MODES: auto/fused/torch)."""
         for name, mode in (("gla_input", gla_input), ("gla_output", gla_output)):
             if mode is not None:
