@@ -24,6 +24,11 @@ from typing import Any, NamedTuple
 
 import torch
 
+# The tags of a custom op whose kernels read their tensors through their strides: torch.compile may then pass them in
+# whatever layout it holds them; without the tag inductor copies each input to the strides it had when traced (custom
+# ops' default).
+ANY_STRIDES = (torch.Tag.flexible_layout,)
+
 
 class Kernel(NamedTuple):
     """One computation as a torch custom op (what torch.compile traces) and as the plain function the op runs (what

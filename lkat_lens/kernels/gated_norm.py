@@ -27,7 +27,7 @@ import torch
 import triton
 import triton.language as tl
 
-from .autograd_ops import Kernel, differentiable
+from .autograd_ops import ANY_STRIDES, Kernel, differentiable
 from .tuned import TunedKernel, programs_key
 
 INTERPRET = os.environ.get("TRITON_INTERPRET", "0") == "1"
@@ -173,13 +173,8 @@ def gated_norm_bwd(o, g, weight, bias, dout, eps: float) -> tuple[torch.Tensor, 
     return do, dg, part.sum(-1)
 
 
-# The kernels read o, g and the output gradient through their strides (g is a column slice of the projection output),
-# so torch.compile may pass them in whatever layout it holds them: without this tag inductor copies each input to the
-# strides it had when traced (custom ops' default).
-_ANY_STRIDES = (torch.Tag.flexible_layout,)
-
-
-@torch.library.custom_op("lkat_lens::gated_norm", mutates_args=(), tags=_ANY_STRIDES)
+# Both ops read o, g and the output gradient through their strides (g is a column slice of the projection output).
+@torch.library.custom_op("lkat_lens::gated_norm", mutates_args=(), tags=ANY_STRIDES)
 def _gated_norm_op(
     o: torch.Tensor, g: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, eps: float
 ) -> torch.Tensor:
@@ -192,7 +187,7 @@ def _gated_norm_fake(o, g, weight, bias, eps) -> torch.Tensor:
     return o.new_empty(o.shape, dtype=torch.promote_types(o.dtype, g.dtype))
 
 
-@torch.library.custom_op("lkat_lens::gated_norm_backward", mutates_args=(), tags=_ANY_STRIDES)
+@torch.library.custom_op("lkat_lens::gated_norm_backward", mutates_args=(), tags=ANY_STRIDES)
 def _gated_norm_backward_op(
     o: torch.Tensor, g: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, dout: torch.Tensor, eps: float
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:

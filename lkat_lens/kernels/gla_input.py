@@ -33,7 +33,7 @@ import torch.nn.functional as F
 import triton
 import triton.language as tl
 
-from .autograd_ops import Kernel, differentiable
+from .autograd_ops import ANY_STRIDES, Kernel, differentiable
 from .dtypes import compute_dtype
 from .tuned import TunedKernel, programs_key
 
@@ -342,12 +342,8 @@ def supports(x: torch.Tensor, heads: int, rope: bool, taps: int) -> bool:
     return 1 <= taps <= MAX_TAPS and (not rope or (x.shape[-1] // heads) % 2 == 0)
 
 
-# The kernels read x (and the output gradient) through their strides, so torch.compile may pass them in whatever layout
-# it holds them: without this tag inductor copies each input to the strides it had when traced (custom ops' default).
-_ANY_STRIDES = (torch.Tag.flexible_layout,)
-
-
-@torch.library.custom_op("lkat_lens::gla_input", mutates_args=(), tags=_ANY_STRIDES)
+# Both ops read x and the output gradient through their strides (x is a column slice of the projection output).
+@torch.library.custom_op("lkat_lens::gla_input", mutates_args=(), tags=ANY_STRIDES)
 def _gla_input_op(
     x: torch.Tensor,
     conv_weight: torch.Tensor,
@@ -366,7 +362,7 @@ def _gla_input_fake(x, conv_weight, norm_weight, cos, sin, heads, eps) -> torch.
     return x.new_empty(*x.shape[:2], heads, x.shape[-1] // heads)
 
 
-@torch.library.custom_op("lkat_lens::gla_input_backward", mutates_args=(), tags=_ANY_STRIDES)
+@torch.library.custom_op("lkat_lens::gla_input_backward", mutates_args=(), tags=ANY_STRIDES)
 def _gla_input_backward_op(
     x: torch.Tensor,
     conv_weight: torch.Tensor,
