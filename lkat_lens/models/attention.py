@@ -17,6 +17,8 @@ from lkat_lens.kernels.dtypes import autocast_dtype, compute_dtype
 from lkat_lens.kernels.gated_norm import gated_norm
 from lkat_lens.kernels.gated_norm import supports as fused_output_supports
 from lkat_lens.kernels.gla import gated_linear_attention, implicit_attention
+from lkat_lens.kernels.gla_gate import gla_gate
+from lkat_lens.kernels.gla_gate import supports as fused_gate_supports
 from lkat_lens.kernels.gla_input import gla_input
 from lkat_lens.kernels.gla_input import supports as fused_input_supports
 from lkat_lens.kernels.log_gate import log_gate
@@ -25,14 +27,20 @@ from .hooks import HookPoint
 from .rope import make_rope
 
 INPUT_MODES = ("auto", "fused", "torch")
+# the paths around the GLA that take INPUT_MODES: their set_backends keyword -> their VisionGLA attribute
+PATH_MODES = {"gla_input": "input_mode", "gla_output": "output_mode", "gla_gate": "gate_mode"}
 
 
 def check_input_mode(mode: str, name: str = "gla_input") -> None:
-    """Raise unless `mode` is one of INPUT_MODES (the modes of GLA's input path, gla_input, and of its output path,
-    gla_output)."""
+    """Raise unless `mode` is one of INPUT_MODES (the modes of the paths in PATH_MODES: GLA's input path, its output
+    path and its forget gate)."""
     if mode not in INPUT_MODES:
-        attribute = "input_mode" if name == "gla_input" else "output_mode"
-        raise ValueError(f"{name} must be one of {INPUT_MODES} (VisionGLA.{attribute}), got {mode!r}")
+        raise ValueError(f"{name} must be one of {INPUT_MODES} (VisionGLA.{PATH_MODES[name]}), got {mode!r}")
+
+
+def _hooked(*modules: nn.Module) -> bool:
+    """Whether a forward hook or pre-hook sits on any of the modules."""
+    return any(m._forward_hooks or m._forward_pre_hooks for m in modules)
 
 
 def _takes_kernel(mode: str, x: torch.Tensor) -> bool:
@@ -92,7 +100,10 @@ class VisionGLA(nn.Module):
     (pre-)hook sits on one of those modules, the modules run, whatever the mode, so that the hook fires.
     `output_mode` (the same modes) is how the output path g_norm(o) * SiLU(g) runs: "fused" is one kernel each way
     (`kernels.gated_norm`, eager and under torch.compile), "auto" (the default) is "fused" on CUDA and "torch"
-    elsewhere; while a hook sits on g_norm it is the modules' form.
+    elsewhere; while a hook sits on g_norm it is the modules' form. `gate_mode` (the same modes) is how the forget
+    gate logsigmoid(gk_proj[1](code)) / gate_logit_normalizer runs from its low-rank code: "fused" is one kernel each
+    way (`kernels.gla_gate`, eager and under torch.compile), "auto" (the default) "fused" on CUDA; while a hook sits on
+    gk_proj[1] it is the module's form.
     """
 
     def __init__(
@@ -121,7 +132,7 @@ class VisionGLA(nn.Module):
             )
         self.num_heads, self.head_dim, self.head_v_dim = num_heads, key_dim // num_heads, value_dim // num_heads
         self.gate_logit_normalizer, self.mode = gate_logit_normalizer, mode
-        self.input_mode, self.output_mode = "auto", "auto"
+        self.input_mode, self.output_mode, self.gate_mode = "auto", "auto", "auto"
         self.q_proj = nn.Linear(dim, key_dim, bias=False)
         self.k_proj = nn.Linear(dim, key_dim, bias=False)
         self.v_proj = nn.Linear(dim, value_dim, bias=False)
@@ -178,9 +189,8 @@ class VisionGLA(nn.Module):
         check_input_mode(self.input_mode)
         if not _takes_kernel(self.input_mode, x):
             return False
-        hooked = any(m._forward_hooks or m._forward_pre_hooks for m in self.input_modules())
         convs = (self.q_conv1d, self.k_conv1d, self.v_conv1d)
-        if hooked or not all(isinstance(c, ShortConvolution) for c in convs):
+        if _hooked(*self.input_modules()) or not all(isinstance(c, ShortConvolution) for c in convs):
             return False
         taps = max(c.weight.shape[-1] for c in convs)
         return fused_input_supports(x, self.num_heads, rope=True, taps=taps)
@@ -206,12 +216,30 @@ class VisionGLA(nn.Module):
         q, k, v = self.inputs(q, k, v)
         v = self.hook_v(v)
         q, k = self.hook_q(q), self.hook_k(k)
-        with torch.autocast(x.device.type, enabled=False):  # gate logits in fp32 from the small low-rank code
-            gate_logits = self.gk_proj[1](gate_code.to(torch.promote_types(gate_code.dtype, torch.float32)))
-        gk = log_gate(gate_logits, self.gate_logit_normalizer).unflatten(-1, heads)
+        gk = self.forget_gate(gate_code).unflatten(-1, heads)
         o = self.mix(q, k, v, self.hook_gk(gk))
         o = self.hook_z(self.gated_norm(o, g.unflatten(-1, v_heads)))
         return self.hook_out(self.o_proj(o.flatten(-2)))
+
+    def fuses_gate(self, code: torch.Tensor) -> bool:
+        """Whether the forget gate of this low-rank code takes the fused kernel (see gate_mode): not with a hook on
+        gk_proj[1]."""
+        check_input_mode(self.gate_mode, "gla_gate")
+        second = self.gk_proj[1]
+        if not _takes_kernel(self.gate_mode, code) or _hooked(second):
+            return False
+        return fused_gate_supports(code, second.weight, second.bias)
+
+    def forget_gate(self, code: torch.Tensor) -> torch.Tensor:
+        """GLA's log forget gate logsigmoid(gk_proj[1](code)) / gate_logit_normalizer [B, T, key_dim] in fp32 from the
+        gate's low-rank code [B, T, gate_low_rank_dim]: the fused kernel (see fuses_gate), else the Linear in fp32
+        (the logits of the small code are not taken in the autocast dtype) and `log_gate`."""
+        second = self.gk_proj[1]
+        if self.fuses_gate(code):
+            return gla_gate(code, second.weight, second.bias, self.gate_logit_normalizer)
+        with torch.autocast(code.device.type, enabled=False):
+            logits = second(code.to(torch.promote_types(code.dtype, torch.float32)))
+        return log_gate(logits, self.gate_logit_normalizer)
 
     def fuses_output(self, o: torch.Tensor, g: torch.Tensor) -> bool:
         """Whether g_norm(o) * SiLU(g) takes the fused kernel (see output_mode): not with a hook on g_norm nor for a
@@ -220,7 +248,7 @@ class VisionGLA(nn.Module):
         if not _takes_kernel(self.output_mode, o):
             return False
         norm = self.g_norm
-        if norm._forward_hooks or norm._forward_pre_hooks or norm.bias is None:
+        if _hooked(norm) or norm.bias is None:
             return False
         return norm.weight is not None and fused_output_supports(o, g)
 

@@ -13,7 +13,7 @@ import torch
 from timm.layers import DropPath, RmsNorm
 from torch import nn
 
-from .attention import VisionGLA, VisionMHSA, check_input_mode
+from .attention import PATH_MODES, VisionGLA, VisionMHSA, check_input_mode
 from .flat_vit import FlatViT
 from .hooks import HookPoint
 from .kan import KAN, KANLayer
@@ -174,21 +174,21 @@ class LKAT(FlatViT):
         kan: str | None = None,
         gla_input: str | None = None,
         gla_output: str | None = None,
+        gla_gate: str | None = None,
     ) -> LKAT:
         """Choose the GLA mode (kernels.gla.MODES: auto/chunk/fused_recurrent/short/torch), the KAN layers'
-        kernel backend (kernels.kan_linear.BACKENDS: auto/torch/triton/fused), GLA's input path and its output
-        path (models.attention.INPUT_MODES: auto/fused/torch)."""
-        for name, mode in (("gla_input", gla_input), ("gla_output", gla_output)):
-            if mode is not None:
-                check_input_mode(mode, name)
+        kernel backend (kernels.kan_linear.BACKENDS: auto/torch/triton/fused), and how GLA's input path, its output
+        path and its forget gate run (models.attention.INPUT_MODES: auto/fused/torch)."""
+        paths = {"gla_input": gla_input, "gla_output": gla_output, "gla_gate": gla_gate}
+        paths = {name: mode for name, mode in paths.items() if mode is not None}
+        for name, mode in paths.items():
+            check_input_mode(mode, name)
         for module in self.modules():
             if isinstance(module, VisionGLA):
                 if attn is not None:
                     module.mode = attn
-                if gla_input is not None:
-                    module.input_mode = gla_input
-                if gla_output is not None:
-                    module.output_mode = gla_output
+                for name, mode in paths.items():
+                    setattr(module, PATH_MODES[name], mode)
             if kan is not None and isinstance(module, KANLayer):
                 module.kernel_backend = kan
         return self
