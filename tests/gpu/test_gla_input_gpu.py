@@ -3,13 +3,11 @@ model's own modules and against the model in fp64."""
 
 from __future__ import annotations
 
-import copy
-
 import pytest
 import torch
-from tolerance import rel_max, rel_norm
+from model_paths import backend_step, errors, fp64_path_errors, lkat_t_and_images
+from tolerance import rel_max
 
-import lkat_lens
 from lkat_lens.kernels.gla_input import gla_input, gla_input_reference
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")]
@@ -49,33 +47,19 @@ def test_kernel_matches_fp64_reference(B: int, T: int, H: int, DH: int, rope: bo
 
 @pytest.fixture(scope="module")
 def lkat_t():
-    """A two-block LKAT-T at 224² (197 tokens) with the exact torch GLA, and a batch of images."""
-    torch.manual_seed(0)
-    model = lkat_lens.create_model("lkat_tiny_patch16_224", num_classes=10, depth=2).cuda().set_backends(attn="torch")
-    images = torch.randn(4, 3, 224, 224, device="cuda", generator=torch.Generator(device="cuda").manual_seed(1))
-    return model, images
+    """A two-block LKAT-T at 224² with the exact torch GLA, and a batch of images."""
+    return lkat_t_and_images()
 
 
 def step(model: torch.nn.Module, images: torch.Tensor, mode: str, autocast: bool = False) -> list[torch.Tensor]:
     """Logits and the flat parameter gradient of one backward of the logits' squares, GLA inputs in `mode`."""
-    model.set_backends(gla_input=mode)
-    model.zero_grad(set_to_none=True)
-    with torch.autocast("cuda", dtype=torch.bfloat16, enabled=autocast):
-        logits = model(images).float()
-    logits.square().sum().backward()
-    return [logits.detach(), torch.cat([p.grad.double().flatten() for p in model.parameters() if p.grad is not None])]
-
-
-def errors(results: list[torch.Tensor], truth: list[torch.Tensor]) -> float:
-    """The larger relative (Frobenius) error of the logits and of the flat gradient."""
-    return max(rel_norm(a, b) for a, b in zip(results, truth, strict=True))
+    return backend_step(model, images, autocast, gla_input=mode)
 
 
 def test_lkat_fused_inputs_as_close_to_fp64_as_the_modules(lkat_t) -> None:
     """fp32 logits and gradients (conv and norm weights among them) against the model in fp64 (modules)."""
     model, images = lkat_t
-    exact = step(copy.deepcopy(model).double(), images.double(), "torch")
-    measured = {mode: errors(step(model, images, mode), exact) for mode in ("torch", "fused")}
+    measured = fp64_path_errors(model, images, "gla_input")
     assert measured["torch"] < 1e-3 and measured["fused"] <= 2 * measured["torch"] + 1e-7, measured
     assert model.blocks[0].attn.fuses_inputs(torch.zeros(1, 2, 192, device="cuda"))
 
