@@ -17,8 +17,8 @@ gradients. Each row carries
 ratios to the ViT of its size (same compile setting) and to the paper configuration of its size.
 The sweep keeps tokens x batch near --sweep-tokens and reports per-image numbers and the crossover
 resolution where LKAT-S starts to train (and infer) faster than ViT-S.
---compare (issue 19) measures, per size, ViT and LKAT (each GLA mode of --attn x KAN backend of --kan x GLA input
-path of --gla-input) under each
+--compare (issue 19) measures, per size, ViT and LKAT (each GLA mode of --attn x KAN backend of --kan x mode of GLA's
+input path, output path and forget gate of --gla-input, --gla-output, --gla-gate) under each
 --compile-modes setting
 ("eager", or a torch.compile mode with fullgraph=True: any graph break fails the row): train and inference
 images/s (`*_img_s`: the median step with a synchronisation after each, so the host's time before a step's first
@@ -449,22 +449,26 @@ def compare_ratios(rows: list[dict]) -> None:
                     r["train_steady_memory_x_vit"] = r[steady] / ref[steady]
 
 
+# LKAT's paths around the GLA that --compare varies: set_backends keyword (its argparse dest) -> label word
+GLA_PATHS = {"gla_input": "inputs", "gla_output": "output", "gla_gate": "gate"}
+
+
 def compared_variants(size: str, args: argparse.Namespace) -> list[tuple[str, str, dict, dict, float, str]]:
     """(label, registry name, create kwargs, backends, activation memory budget, patch embedding): the ViTs
-    (inductor's default budget), then LKAT with every combination of --attn, --kan, --gla-input, --gla-output and
-    --memory-budgets."""
+    (inductor's default budget), then LKAT with every combination of --attn, --kan, --gla-input, --gla-output,
+    --gla-gate and --memory-budgets."""
     rows = []
     for label, name, kwargs, embed in compared_models(size, args.tiny, args.vit_patch_embed):
         if not name.startswith("lkat"):
             rows.append((label, name, kwargs, {}, 1.0, embed))
             continue
-        for attn, kan, gla_input, gla_output in itertools.product(args.attn, args.kan, args.gla_input, args.gla_output):
+        path_modes = [getattr(args, path) for path in GLA_PATHS]
+        for attn, kan, *modes in itertools.product(args.attn, args.kan, *path_modes):
+            paths = dict(zip(GLA_PATHS, modes, strict=True))
             for budget in args.memory_budgets:
-                suffix = ("" if budget == 1.0 else f" budget {budget:g}") + (
-                    "" if gla_input == "auto" else f" {gla_input} inputs"
-                )
-                suffix += "" if gla_output == "auto" else f" {gla_output} output"
-                backends = {"attn": attn, "kan": kan, "gla_input": gla_input, "gla_output": gla_output}
+                suffix = "" if budget == 1.0 else f" budget {budget:g}"
+                suffix += "".join(f" {mode} {GLA_PATHS[path]}" for path, mode in paths.items() if mode != "auto")
+                backends = {"attn": attn, "kan": kan, **paths}
                 rows.append((f"{label} {attn}/{kan}{suffix}", name, kwargs, backends, budget, embed))
     return rows
 
@@ -476,7 +480,7 @@ def compare(args: argparse.Namespace, out: Path) -> list[dict]:
         for mode in args.compile_modes:  # modes outside: a run cut short keeps both models of the first modes
             for label, name, kwargs, backends, budget, embed in compared_variants(size, args):
                 row = {"label": label, "model": name, "pair": size, "compile": mode, "patch_embed": embed}
-                row |= {k: backends.get(k) for k in ("attn", "kan", "gla_input", "gla_output")}
+                row |= {k: backends.get(k) for k in ("attn", "kan", *GLA_PATHS)}
                 row |= {"activation_memory_budget": budget}
                 row |= {"batch": args.batch, "img_size": args.img_size, "device": args.device, **settings()}
                 start = time.perf_counter()
@@ -572,6 +576,14 @@ def main() -> None:
         choices=["auto", "fused", "torch"],
         help="--compare: LKAT's GLA output paths (VisionGLA.output_mode; auto: the fused kernel on CUDA, eager and "
         "compiled; torch: the modules)",
+    )
+    parser.add_argument(
+        "--gla-gate",
+        nargs="+",
+        default=["auto"],
+        choices=["auto", "fused", "torch"],
+        help="--compare: LKAT's GLA forget gates (VisionGLA.gate_mode; auto: the fused kernel on CUDA, eager and "
+        "compiled; torch: the Linear and the log-sigmoid as modules)",
     )
     parser.add_argument("--compile-modes", nargs="+", default=["eager", "default"], choices=COMPILE_MODES)
     parser.add_argument(

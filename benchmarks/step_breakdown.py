@@ -26,7 +26,7 @@ PARTS: tuple[tuple[str, str], ...] = (  # (part, regular expression searched in 
     ("attention: SDPA", r"sdpa|flash|fmha"),
     ("GLA input path (conv, SiLU, RMSNorm, RoPE)", r"^_gla_input_|^_(fwd|bwd)_kernel$"),
     ("GLA output path (LayerNorm x SiLU gate), our kernels", r"^_gated_norm_"),
-    ("GLA gate (log-sigmoid)", r"log_sigmoid|^_log_gate"),
+    ("GLA gate (log-sigmoid, or our kernels with its Linear)", r"log_sigmoid|^_log_gate|^_gla_gate_"),
     ("KAN: our Triton kernels", r"^_(rbf_grid_linear|kan_|edge_)"),
     ("KAN basis, traced (inductor)", r"^triton_.*exp2"),
     ("GELU (inductor)", r"^triton_.*gelu"),

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 import time
 
 import pytest
@@ -88,3 +89,17 @@ def test_compared_models_add_a_vit_with_lkats_patch_embedding(bench) -> None:
     assert {k: v.shape for k, v in matmul_vit.state_dict().items()} == {
         k: v.shape for k, v in timm_vit.state_dict().items()
     }
+
+
+def test_compare_varies_each_path_around_the_gla(bench) -> None:
+    """--gla-gate auto torch (with the other paths left "auto") gives one ViT row and two LKAT rows, the second
+    labelled and configured with the gate's modules."""
+    args = argparse.Namespace(
+        tiny=True, vit_patch_embed=["timm"], attn=["auto"], kan=["auto"], gla_input=["auto"], gla_output=["auto"],
+        gla_gate=["auto", "torch"], memory_budgets=[1.0],
+    )  # fmt: skip
+    rows = bench.compared_variants("tiny", args)
+    lkat = [(label, backends) for label, name, _, backends, _, _ in rows if name.startswith("lkat")]
+    assert len(rows) == 3 and [label.endswith(" torch gate") for label, _ in lkat] == [False, True], rows
+    assert [backends["gla_gate"] for _, backends in lkat] == ["auto", "torch"]
+    assert all(backends["gla_input"] == backends["gla_output"] == "auto" for _, backends in lkat)

@@ -13,6 +13,7 @@ def breakdown():
         yield module
 
 
+GATE = "GLA gate (log-sigmoid, or our kernels with its Linear)"
 KERNELS = {  # a kernel name from a profiled LKAT or ViT step -> its part
     "_gla_short_bwd_kernel": "GLA: our short kernels",
     "_own_states_kernel": "GLA: states between segments",
@@ -22,7 +23,8 @@ KERNELS = {  # a kernel name from a profiled LKAT or ViT step -> its part
     "_gla_input_bwd_kernel": "GLA input path (conv, SiLU, RMSNorm, RoPE)",
     "_bwd_kernel": "GLA input path (conv, SiLU, RMSNorm, RoPE)",
     "_gated_norm_fwd_kernel": "GLA output path (LayerNorm x SiLU gate), our kernels",
-    "triton_red_fused_div_log_sigmoid_backward_log_sigmoid_forward_sum_view_18": "GLA gate (log-sigmoid)",
+    "triton_red_fused_div_log_sigmoid_backward_log_sigmoid_forward_sum_view_18": GATE,
+    "_gla_gate_bwd_kernel": GATE,
     "_rbf_grid_linear_kernel": "KAN: our Triton kernels",
     "triton_per_fused__to_copy__unsafe_view_add_clamp_exp2_mul_native_layer_norm_native_layer_norm_backward_pow_12": (
         "KAN basis, traced (inductor)"
