@@ -52,6 +52,7 @@ from common import dated_result_path, environment, write_result  # benchmarks/ i
 from profile_step import TOP, profile_step
 
 import lkat_lens
+from lkat_lens.models.attention import INPUT_MODES, PATH_MODES
 from lkat_lens.models.patch_embed import PatchEmbed
 
 SIZES = {"tiny": "T", "small": "S", "base": "B"}
@@ -562,29 +563,15 @@ def main() -> None:
     parser.add_argument(
         "--kan", nargs="+", default=["auto"], help="--compare: LKAT's KAN backends (auto: 'traced' when compiled)"
     )
-    parser.add_argument(
-        "--gla-input",
-        nargs="+",
-        default=["auto"],
-        choices=["auto", "fused", "torch"],
-        help="--compare: LKAT's GLA input paths (models.attention.INPUT_MODES; auto: the fused kernel on CUDA)",
-    )
-    parser.add_argument(
-        "--gla-output",
-        nargs="+",
-        default=["auto"],
-        choices=["auto", "fused", "torch"],
-        help="--compare: LKAT's GLA output paths (VisionGLA.output_mode; auto: the fused kernel on CUDA, eager and "
-        "compiled; torch: the modules)",
-    )
-    parser.add_argument(
-        "--gla-gate",
-        nargs="+",
-        default=["auto"],
-        choices=["auto", "fused", "torch"],
-        help="--compare: LKAT's GLA forget gates (VisionGLA.gate_mode; auto: the fused kernel on CUDA, eager and "
-        "compiled; torch: the Linear and the log-sigmoid as modules)",
-    )
+    for path, word in GLA_PATHS.items():
+        parser.add_argument(
+            f"--{path.replace('_', '-')}",
+            nargs="+",
+            default=["auto"],
+            choices=INPUT_MODES,
+            help=f"--compare: modes of LKAT's GLA {word} (VisionGLA.{PATH_MODES[path]}; auto: our kernels on CUDA, "
+            "eager and compiled; torch: the modules)",
+        )
     parser.add_argument("--compile-modes", nargs="+", default=["eager", "default"], choices=COMPILE_MODES)
     parser.add_argument(
         "--vit-patch-embed",

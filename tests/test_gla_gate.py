@@ -85,31 +85,13 @@ def _check_op_and_compile() -> dict:
 
 
 def _check_model() -> dict:
-    """lkat_micro in fp32 with the fused gate and with its modules, each against the model in fp64 (modules): logits
-    and all parameter gradients; a forward hook on gk_proj[1] turns the fused path off and fires."""
-    torch.manual_seed(0)
-    model = lkat_lens.create_model("lkat_micro", num_classes=10).set_backends(attn="torch")
-    images = torch.randn(2, 3, 16, 16, generator=torch.Generator().manual_seed(1))
-    errors, grads = triton_interpreter.path_errors(model, images, "gla_gate")
-    attn = model.blocks[0].attn
-    code = torch.zeros(1, 4, attn.gk_proj[1].in_features)
-    fuses = attn.fuses_gate(code)
-    model.set_backends(gla_gate="auto")
-    fuses_auto_cpu = attn.fuses_gate(code)
-    model.set_backends(gla_gate="fused")
-    calls = []
-    handle = attn.gk_proj[1].register_forward_hook(lambda *_: calls.append(1))
-    fuses_hooked = attn.fuses_gate(code)
-    model(images)
-    handle.remove()
-    return {
-        "grads": grads,
-        "errors": errors,
-        "fuses": fuses,
-        "fuses_auto_cpu": fuses_auto_cpu,
-        "fuses_hooked": fuses_hooked,
-        "hook_calls": len(calls),
-    }
+    """lkat_micro's gate fused and as modules against fp64; fuses_gate fused, "auto" on the CPU and with a hook on
+    gk_proj[1] (triton_interpreter.path_in_lkat)."""
+
+    def fuses(attn) -> bool:
+        return attn.fuses_gate(torch.zeros(1, 4, attn.gk_proj[1].in_features))
+
+    return triton_interpreter.path_in_lkat("gla_gate", fuses, lambda attn: attn.gk_proj[1])
 
 
 def _every_column_tile() -> dict:

@@ -16,6 +16,9 @@ from collections.abc import Callable
 
 import torch
 from tolerance import rel_max
+from torch import nn
+
+import lkat_lens
 
 PREFIX = "RESULTS "
 
@@ -54,3 +57,24 @@ def path_errors(model: torch.nn.Module, images: torch.Tensor, backend: str) -> t
         results = _logits_and_grads(model, images, **{backend: mode})
         errors[mode] = max(rel_max(a, b) for a, b in zip(results, exact, strict=True))
     return errors, len(exact) - 1
+
+
+def path_in_lkat(path: str, fuses: Callable[[nn.Module], bool], hooked: Callable[[nn.Module], nn.Module]) -> dict:
+    """lkat_micro in fp32 with its `path` (a set_backends keyword: gla_input, gla_output, gla_gate) fused and as
+    modules, each against the model in fp64 (path_errors); then, for block 0's attention, whether fuses(attn) holds in
+    mode "fused", in "auto" (the CPU's modules) and in "fused" with a forward hook on hooked(attn), and how many times
+    that hook fired in one forward of the model."""
+    torch.manual_seed(0)
+    model = lkat_lens.create_model("lkat_micro", num_classes=10).set_backends(attn="torch")
+    images = torch.randn(2, 3, 16, 16, generator=torch.Generator().manual_seed(1))
+    errors, grads = path_errors(model, images, path)
+    attn = model.blocks[0].attn
+    measured = {"grads": grads, "errors": errors, "fuses": fuses(attn)}  # path_errors ends in mode "fused"
+    measured["fuses_auto_cpu"] = fuses(model.set_backends(**{path: "auto"}).blocks[0].attn)
+    model.set_backends(**{path: "fused"})
+    calls = []
+    handle = hooked(attn).register_forward_hook(lambda *_: calls.append(1))
+    measured["fuses_hooked"] = fuses(attn)
+    model(images)
+    handle.remove()
+    return measured | {"hook_calls": len(calls)}
