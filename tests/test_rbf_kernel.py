@@ -243,6 +243,23 @@ def test_torch_backend_equals_reference(form: str, dtype: torch.dtype) -> None:
     assert torch.equal(rbf_grid_linear(x, w, -2.0, 2.0), ya.detach())  # auto on CPU is the torch path
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float64], ids=str)
+@pytest.mark.parametrize("form", ["shared", "channel"])
+def test_torch_backward_with_output_is_the_reference_exactly(form: str, dtype: torch.dtype) -> None:
+    """The torch path's backward_and_output (the KAN layers' CPU backward, which forms the basis once for the
+    gradients and psi): psi equal to the reference's, in x's dtype and in bf16, the gradients to the plain ones."""
+    gen = torch.Generator().manual_seed(4)
+    x = (1.5 * torch.randn(9, 5, 11, generator=gen)).to(dtype)
+    w = torch.randn(1 if form == "shared" else 11, 8, generator=gen)
+    dy = torch.randn(9, 5, 11, generator=gen).to(dtype)
+    plain = torch.autograd.grad(rbf_grid_linear(x.requires_grad_(), w.requires_grad_(), -2.0, 2.0), [x, w], dy)
+    for out_dtype in (dtype, torch.bfloat16):
+        dx, dw, y = backward_and_output(x.detach(), w.detach(), dy, -2.0, 2.0, False, out_dtype)
+        expected = rbf_grid_linear_reference(x.detach(), w.detach(), -2.0, 2.0).to(out_dtype)
+        assert torch.equal(y, expected) and y.dtype == out_dtype and y.is_contiguous(), out_dtype
+        assert torch.equal(dx, plain[0]) and torch.equal(dw, plain[1]), out_dtype
+
+
 def test_op_saves_only_x_and_weight() -> None:
     x = torch.randn(6, 10, requires_grad=True)
     w = torch.randn(10, 16, requires_grad=True)

@@ -64,20 +64,29 @@ def rbf_grid_linear_reference(x: torch.Tensor, weight: torch.Tensor, grid_min: f
 
 
 def _torch_backward(
-    x: torch.Tensor, weight: torch.Tensor, dy: torch.Tensor, grid_min: float, grid_max: float
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """(dx, dw) of the operator by explicit formulas, in the dtypes of x and weight."""
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    dy: torch.Tensor,
+    grid_min: float,
+    grid_max: float,
+    out_dtype: torch.dtype | None = None,
+) -> tuple[torch.Tensor, ...]:
+    """(dx, dw) of the operator by explicit formulas, in the dtypes of x and weight; with `out_dtype`, also the
+    forward's output in it from the same basis (the reference's values: the basis is formed once, not twice)."""
     w = _grid_weight(x, weight)
     dtype = compute_dtype(x, weight)
     num_grids = w.shape[-1]
     t = _scaled_offsets(x.to(dtype), grid_min, grid_max, num_grids)
     phi = torch.exp(-t.square())
-    dyc = dy.to(dtype)
+    wc, dyc = w.to(dtype), dy.to(dtype)
     h = (grid_max - grid_min) / (num_grids - 1)
-    dx = dyc * (w.to(dtype) * phi * t).sum(-1) * (-2.0 / h)
+    dx = dyc * (wc * phi * t).sum(-1) * (-2.0 / h)
     contrib = dyc.unsqueeze(-1) * phi
     dw = contrib.reshape(-1, num_grids).sum(0) if w.dim() == 1 else contrib.reshape(-1, *w.shape).sum(0)
-    return dx.to(x.dtype), dw.reshape(weight.shape).to(weight.dtype)
+    grads = (dx.to(x.dtype), dw.reshape(weight.shape).to(weight.dtype))
+    if out_dtype is None:
+        return grads
+    return (*grads, (phi * wc).sum(-1).to(x.dtype).to(out_dtype).contiguous())
 
 
 def _triton_operands(x: torch.Tensor, weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -138,11 +147,11 @@ def backward_and_output(
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """(dx, dw, y): the backward's gradients and the forward's output y in out_dtype, for a caller that needs y in
     its backward instead of saving it. The Triton backward writes y from the pass that computes dx and dw; the
-    torch path computes y by the reference."""
+    torch path forms y from the basis its gradients use (the reference's values)."""
     if use_triton:
         return _triton_backward(x, weight, dy, grid_min, grid_max, out_dtype)
-    dx, dw = _backward_kernel(x, weight, dy, grid_min, grid_max, False)
-    return dx, dw, _forward(x, weight, grid_min, grid_max, False, out_dtype)
+    dx, dw, y = _torch_backward(x, weight, dy, grid_min, grid_max, out_dtype)
+    return dx.contiguous(), dw.contiguous(), y
 
 
 # The operator as torch custom ops (forward, backward), so that torch.compile keeps it in its graph as one opaque
