@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import pytest
 import torch
+import triton
+import triton.language as tl
 import triton_interpreter
 from tolerance import rel_max
 
@@ -107,10 +109,32 @@ def _every_column_tile() -> dict:
     return errors
 
 
+@triton.jit
+def _tf32_high_kernel(x_ptr, out_ptr, n, BLOCK: tl.constexpr):
+    i = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    tl.store(out_ptr + i, gla_gate._tf32_high(tl.load(x_ptr + i, mask=i < n)), mask=i < n)
+
+
+def _tf32_split() -> dict:
+    """_tf32_high of fp32 values over 80 binades (zeros, both signs): its low 13 mantissa bits, and the low part."""
+    gen = torch.Generator().manual_seed(0)
+    x = torch.randn(4096, generator=gen) * torch.exp2(torch.randint(-40, 40, (4096,), generator=gen).float())
+    x[:2] = torch.tensor([0.0, -0.0])
+    high = torch.empty_like(x)
+    _tf32_high_kernel[(triton.cdiv(x.numel(), 1024),)](x, high, x.numel(), BLOCK=1024)
+    low = x - high  # exact in fp32 if high is x with its mantissa cut
+    return {
+        "low_bits_zero": bool((high.view(torch.int32) & 0x1FFF == 0).all()),
+        "sum_exact": bool((high.double() + low.double() == x.double()).all()),
+        "low_over_x": (low.abs() / x.abs().clamp_min(1e-38)).max().item(),
+    }
+
+
 def interpreter_measurements() -> dict:
     """Every case's measurements (needs TRITON_INTERPRET=1 before triton was imported)."""
     results = {cid: _measure_case(case) for cid, case in CASES.items()}
     results["column_tiles"] = _every_column_tile()
+    results["tf32_split"] = _tf32_split()
     results["op"] = _check_op_and_compile()
     results["model"] = _check_model()
     return results
@@ -132,6 +156,13 @@ def test_interpreter_matches_fp64_reference(interp: dict, case_id: str) -> None:
 def test_every_column_tile_gives_the_same_gradients(interp: dict) -> None:
     tiles = interp["column_tiles"]
     assert len(tiles) == 3 and max(tiles.values()) <= TOL["float32"], tiles
+
+
+def test_tf32_high_part_leaves_an_exact_low_part(interp: dict) -> None:
+    """The two-product route for 16-bit codes (gla_gate._code_dot) splits an operand into a TF32 high part and an fp32
+    low part that sum back to it exactly, the low part below 2^-10 of the value."""
+    split = interp["tf32_split"]
+    assert split["low_bits_zero"] and split["sum_exact"] and split["low_over_x"] < 2**-10, split
 
 
 def test_fused_gate_matches_the_modules_in_lkat(interp: dict) -> None:

@@ -5,18 +5,19 @@ the second gate Linear's weight [K, R] and bias [K], and the normaliser n:
     gk = logsigmoid(code @ W^T + b) / n   [N, K], in fp32,
 the products and the log-sigmoid computed in fp32, each dot product on the tensor cores as three TF32 products of the
 operands' high and low parts (Triton's tf32x3, DOT_PRECISION: within fp32 rounding of IEEE products, which Triton
-runs on the FMA units). The backward recomputes the logits from the code (only the code and the parameters are saved,
-never a [N, K] tensor) and, in one pass over the gate's gradient dgk, writes the code's gradient and per-program
-partial sums of the weight's and the bias's gradients, summed on the host in a fixed order (deterministic, no
-atomics).
+runs on the FMA units). A 16-bit code (bf16 under autocast, as LKAT trains) is exact in TF32, so the products with
+the code take two TF32 products, against the other operand's high and low parts (`_code_dot`): the same terms, since
+tf32x3's third, of the code's low part, is zero. The backward recomputes the logits from the code (only the code and
+the parameters are saved, never a [N, K] tensor) and, in one pass over the gate's gradient dgk, writes the code's
+gradient and per-program partial sums of the weight's gradient (formed transposed, code^T dx, so that the [rows, K]
+tile dx is never transposed) and the bias's, summed on the host in a fixed order (deterministic, no atomics).
 
 Why: as modules the gate is a GEMM writing the fp32 logits, which the log-sigmoid's backward reads (a [N, K] fp32
 tensor saved per layer), a pointwise kernel for the log-sigmoid and, in the backward, two passes over the logits'
 gradient and the two GEMMs. Here only the code is saved: LKAT-T's compiled training step needs 20.7 instead of 22.5
-MiB per image and launches 863 instead of 958 kernels; its kernel time stays within run-to-run noise of the modules'
-(the backward kernel is bound by its dot products, not by memory: 46 us at LKAT-T's shape where a copy of dgk takes
-9), its inference takes 3% less, and in eager mode the gate's forward + backward takes 0.10 instead of 0.17 ms (H200,
-benchmarks/README.md). The model takes this path on CUDA, eager and under torch.compile
+MiB per image, launches 851 instead of 958 kernels and takes 14.72 instead of 15.08 ms of kernels; the gate's forward
++ backward alone takes 0.082 / 0.134 / 0.239 ms at LKAT-T / S / B's shapes against 0.099 / 0.240 / 0.455 ms for the
+compiled modules (H100, benchmarks/README.md). The model takes this path on CUDA, eager and under torch.compile
 (models.attention.VisionGLA.forget_gate). With TRITON_INTERPRET=1 in the environment before triton is first imported
 the kernels run on CPU tensors with fixed tiles.
 """
@@ -67,15 +68,34 @@ def _log1p(e):
 
 
 @triton.jit
+def _tf32_high(x):
+    """x with its mantissa cut to TF32's 10 bits: x - _tf32_high(x) is exact in fp32 and is x's low part."""
+    return (x.to(tl.int32, bitcast=True) & -8192).to(tl.float32, bitcast=True)
+
+
+@triton.jit
+def _code_dot(a, b, DOT: tl.constexpr, EXACT_A: tl.constexpr):
+    """a @ b with a from the code. EXACT_A (a 16-bit code, whose values TF32 holds exactly): two TF32 products, of a
+    with b's high and low parts, the same terms as tf32x3's three, whose third (a's low part) is zero here."""
+    if EXACT_A:
+        high = _tf32_high(b)
+        out = tl.dot(a, b - high, tl.dot(a, high, input_precision="tf32"), input_precision="tf32")
+    else:
+        out = tl.dot(a, b, input_precision=DOT)
+    return out
+
+
+@triton.jit
 def _gla_gate_fwd_kernel(code_ptr, w_ptr, b_ptr, gk_ptr, sc0, sc1, sw0, sw1, rows, K, R, inv_norm, programs,
-                         RB: tl.constexpr, BR: tl.constexpr, BK: tl.constexpr, DOT: tl.constexpr):  # fmt: skip
+                         RB: tl.constexpr, BR: tl.constexpr, BK: tl.constexpr, DOT: tl.constexpr,
+                         EXACT_CODE: tl.constexpr):  # fmt: skip
     """gk (contiguous [N, K], fp32) on a tile of BR rows and BK columns; `programs` is only the autotuning key."""
     r = tl.program_id(0) * BR + tl.arange(0, BR)
     k = tl.program_id(1) * BK + tl.arange(0, BK)
     j = tl.arange(0, RB)
     code = _tile(code_ptr, sc0, sc1, r, j, rows, R)[0]
-    w = _tile(w_ptr, sw0, sw1, k, j, K, R)[0]
-    x = tl.dot(code, tl.trans(w), input_precision=DOT) + tl.load(b_ptr + k, mask=k < K, other=0.0)[None, :]
+    w_t = _tile(w_ptr, sw1, sw0, j, k, R, K)[0]  # [RB, BK]: W transposed
+    x = _code_dot(code, w_t, DOT, EXACT_CODE) + tl.load(b_ptr + k, mask=k < K, other=0.0)[None, :]
     gate = (tl.minimum(x, 0.0) - _log1p(tl.exp(-tl.abs(x)))) * inv_norm
     mask = (r < rows)[:, None] & (k < K)[None, :]
     tl.store(gk_ptr + r[:, None].to(tl.int64) * K + k[None, :], gate, mask=mask)
@@ -84,26 +104,26 @@ def _gla_gate_fwd_kernel(code_ptr, w_ptr, b_ptr, gk_ptr, sc0, sc1, sw0, sw1, row
 @triton.jit
 def _gla_gate_bwd_kernel(code_ptr, w_ptr, b_ptr, dgk_ptr, dcode_ptr, part_ptr, sc0, sc1, sw0, sw1, sd0, sd1, rows,
                          K, R, inv_norm, programs, RB: tl.constexpr, BR: tl.constexpr, BK: tl.constexpr,
-                         DOT: tl.constexpr):  # fmt: skip
+                         DOT: tl.constexpr, EXACT_CODE: tl.constexpr):  # fmt: skip
     """The code's gradient (contiguous [N, R]) of BR rows, walking K in tiles of BK, and this program's partial sums
-    of the weight's and the bias's gradients at part_ptr [K, R + 1, launched programs] (column R the bias's; partials
-    last: the host's sum over them is a contiguous reduction); `programs` is only the autotuning key."""
+    of the weight's gradient, transposed, and the bias's gradient: part_ptr [launched programs, R + 1, K], row R the
+    bias's (each program's block contiguous); `programs` is only the autotuning key."""
     r = tl.program_id(0) * BR + tl.arange(0, BR)
     j = tl.arange(0, RB)
     code, code_mask = _tile(code_ptr, sc0, sc1, r, j, rows, R)
+    code_t = tl.trans(code)  # [RB, BR]: the weight's gradient is formed transposed, so dx is never transposed
+    part = part_ptr + tl.program_id(0).to(tl.int64) * (R + 1) * K
     dcode = tl.zeros((BR, RB), dtype=tl.float32)
-    launched = tl.num_programs(0)
     for k0 in range(0, K, BK):
         k = k0 + tl.arange(0, BK)
-        w = _tile(w_ptr, sw0, sw1, k, j, K, R)[0]
-        x = tl.dot(code, tl.trans(w), input_precision=DOT) + tl.load(b_ptr + k, mask=k < K, other=0.0)[None, :]
+        w = _tile(w_ptr, sw0, sw1, k, j, K, R)[0]  # [BK, RB]
+        x = _code_dot(code, tl.trans(w), DOT, EXACT_CODE) + tl.load(b_ptr + k, mask=k < K, other=0.0)[None, :]
         dgk = _tile(dgk_ptr, sd0, sd1, r, k, rows, K)[0]  # zero on rows past N: those add nothing below
         dx = dgk * tl.sigmoid(-x) * inv_norm
         dcode += tl.dot(dx, w, input_precision=DOT)
-        dw = tl.dot(tl.trans(dx), code, input_precision=DOT)  # [BK, RB]
-        part = part_ptr + (k[:, None] * (R + 1) + j[None, :]) * launched + tl.program_id(0)
-        tl.store(part, dw, mask=(k < K)[:, None] & (j < R)[None, :])
-        tl.store(part_ptr + (k * (R + 1) + R) * launched + tl.program_id(0), tl.sum(dx, axis=0), mask=k < K)
+        dw_t = _code_dot(code_t, dx, DOT, EXACT_CODE)  # [RB, BK]
+        tl.store(part + j[:, None] * K + k[None, :], dw_t, mask=(j < R)[:, None] & (k < K)[None, :])
+        tl.store(part + R * K + k, tl.sum(dx, axis=0), mask=k < K)
     offs = r[:, None].to(tl.int64) * R + j[None, :]
     tl.store(dcode_ptr + offs, dcode.to(dcode_ptr.dtype.element_ty), mask=code_mask)
 
@@ -141,25 +161,31 @@ def gla_gate_fwd(code: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, n
     if N and K:
         args = (code, weight, bias, gk, *code.stride(), *weight.stride(), N, K, R, 1.0 / normalizer, programs_key(N))
         grid = lambda m: (triton.cdiv(N, m["BR"]), triton.cdiv(K, m["BK"]))  # noqa: E731
-        _launch("forward", grid, *args, RB=_rank_block(R), DOT=DOT_PRECISION)
+        _launch("forward", grid, *args, **_products(code, R))
     return gk
 
 
 def gla_gate_bwd(
     code: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, dgk: torch.Tensor, normalizer: float
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """(the code's gradient in its dtype, d_affine) for the gate's gradient dgk: d_affine [K, R + 1] in fp32 holds the
-    weight's gradient in its first R columns and the bias's in the last."""
+    """(the code's gradient in its dtype, d_affine) for the gate's gradient dgk: d_affine [R + 1, K] in fp32 holds the
+    weight's gradient transposed in its first R rows and the bias's in the last."""
     (N, R), K = code.shape, weight.shape[0]
     dcode = torch.empty(N, R, dtype=code.dtype, device=code.device)
     if not (N and K):
-        return dcode.zero_(), torch.zeros(K, R + 1, dtype=torch.float32, device=code.device)
+        return dcode.zero_(), torch.zeros(R + 1, K, dtype=torch.float32, device=code.device)
     programs = triton.cdiv(N, _BWD_ROWS)
-    part = torch.empty(K, R + 1, programs, dtype=torch.float32, device=code.device)
+    part = torch.empty(programs, R + 1, K, dtype=torch.float32, device=code.device)
     strides = (*code.stride(), *weight.stride(), *dgk.stride())
     args = (code, weight, bias, dgk, dcode, part, *strides, N, K, R, 1.0 / normalizer, programs_key(N))
-    _launch("backward", lambda m: (programs,), *args, RB=_rank_block(R), BR=_BWD_ROWS, DOT=DOT_PRECISION)
-    return dcode, part.sum(-1)
+    _launch("backward", lambda m: (programs,), *args, BR=_BWD_ROWS, **_products(code, R))
+    return dcode, part.sum(0)
+
+
+def _products(code: torch.Tensor, rank: int) -> dict:
+    """The kernels' dot-product arguments: the rank's tile, the precision and whether the code is exact in TF32."""
+    exact = code.dtype in (torch.bfloat16, torch.float16) and DOT_PRECISION == "tf32x3"
+    return {"RB": _rank_block(rank), "DOT": DOT_PRECISION, "EXACT_CODE": exact}
 
 
 def _rank_block(rank: int) -> int:
@@ -190,7 +216,7 @@ def _gla_gate_backward_op(
 @_gla_gate_backward_op.register_fake
 def _gla_gate_backward_fake(code, weight, bias, dgk, normalizer):
     K, R = weight.shape
-    return code.new_empty(code.shape), code.new_empty(K, R + 1, dtype=torch.float32)
+    return code.new_empty(code.shape), code.new_empty(R + 1, K, dtype=torch.float32)
 
 
 def _setup_context(ctx, inputs: tuple, output: torch.Tensor) -> None:
@@ -203,7 +229,7 @@ def _backward(ctx, dgk: torch.Tensor, kernel) -> tuple:
     code, weight, bias = ctx.saved_tensors
     dcode, d_affine = kernel(code, weight, bias, dgk, ctx.normalizer)
     R = weight.shape[1]
-    return dcode, d_affine[:, :R].to(weight.dtype), d_affine[:, R].to(bias.dtype), None
+    return dcode, d_affine[:R].t().to(weight.dtype), d_affine[R].to(bias.dtype), None
 
 
 _gla_gate = differentiable(
