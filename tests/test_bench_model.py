@@ -6,7 +6,10 @@ import argparse
 import time
 
 import pytest
+import torch
 from benchmark_script import imported
+
+import lkat_lens
 
 
 @pytest.fixture(scope="module")
@@ -103,3 +106,16 @@ def test_compare_varies_each_path_around_the_gla(bench) -> None:
     assert len(rows) == 3 and [label.endswith(" torch gate") for label, _ in lkat] == [False, True], rows
     assert [backends["gla_gate"] for _, backends in lkat] == ["auto", "torch"]
     assert all(backends["gla_input"] == backends["gla_output"] == "auto" for _, backends in lkat)
+
+
+@pytest.mark.parametrize("training", [True, False])
+def test_tune_kernels_leaves_the_model_as_it_found_it(bench, training: bool) -> None:
+    """--tune-first's eager step and inference leave no gradient behind and the model in the mode it was in, and the
+    parameters untouched (no optimizer step)."""
+    model = lkat_lens.create_model("lkat_micro", num_classes=10).train(training)
+    before = [p.detach().clone() for p in model.parameters()]
+    x, y = torch.randn(2, 3, 16, 16), torch.tensor([1, 7])
+    bench.tune_kernels(model, x, y)
+    assert model.training is training and all(m.training is training for m in model.modules())
+    assert all(p.grad is None for p in model.parameters())
+    assert all(torch.equal(p, b) for p, b in zip(model.parameters(), before, strict=True))
