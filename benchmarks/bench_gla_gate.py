@@ -5,7 +5,7 @@
 `VisionGLA.forget_gate` of each model's first block, gk = logsigmoid(gk_proj[1](code)) / 16 in fp32 from the gate's
 low-rank code (a bf16 column slice of the stacked projection output [B, T, width], as `project` leaves it), at
 batch 128: with gate_mode "fused" (`kernels.gla_gate`, one kernel each way; "fused_ieee" with its dot products as
-IEEE fp32 products instead of tf32x3), "torch" eager (the Linear in fp32, TF32 allowed as in training, and
+IEEE fp32 products instead of TF32 ones), "torch" eager (the Linear in fp32, TF32 allowed as in training, and
 `log_gate`) and "torch" under torch.compile (inductor's GEMM and fusions of the traced form). Every time is a CUDA
 graph replay (the GPU's time), forward and forward + backward (gradients of the projection output, of the Linear's
 weight and bias). Each row also gets its largest error against the fp64 reference (`gla_gate_reference`) and the
@@ -42,7 +42,7 @@ def layer_and_inputs(model: str, batch: int, seed: int = 0):
 
 def variant(attn, name: str):
     """gk = f(y) for a variant, from the code in y's last columns; "fused_ieee" runs the kernels' dot products as IEEE
-    fp32 products instead of tf32x3 (gla_gate.DOT_PRECISION)."""
+    fp32 products instead of TF32 ones (gla_gate.DOT_PRECISION)."""
     attn.gate_mode = "fused" if name.startswith("fused") else "torch"
     rank = attn.gk_proj[1].in_features
     precision = "ieee" if name == "fused_ieee" else gla_gate.DOT_PRECISION
