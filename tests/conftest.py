@@ -9,6 +9,8 @@ from test_data import write_image_folder
 import lkat_lens
 from lkat_lens import train
 
+DEFAULT_TORCH_THREADS = torch.get_num_threads()  # before any fixture's training run sets the process's count
+
 
 @pytest.fixture(scope="session")
 def digits_checkpoint(tmp_path_factory) -> Path:
@@ -43,6 +45,16 @@ def lkat():
 def images() -> torch.Tensor:
     """Two random 16x16 RGB images, the input size of lkat_micro."""
     return torch.randn(2, 3, 16, 16, generator=torch.Generator().manual_seed(1))
+
+
+@pytest.fixture
+def default_torch_threads():
+    """torch's own thread count (as at start-up) for the test, then the process's count back: the session's trainer
+    fixtures leave the process at their --threads 1, which a timed requirement on this machine must not inherit."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(DEFAULT_TORCH_THREADS)
+    yield
+    torch.set_num_threads(threads)
 
 
 @pytest.fixture
