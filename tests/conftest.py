@@ -48,13 +48,10 @@ def images() -> torch.Tensor:
 
 
 @pytest.fixture
-def default_torch_threads():
+def default_torch_threads(keep_torch_threads):
     """torch's own thread count (as at start-up) for the test, then the process's count back: the session's trainer
     fixtures leave the process at their --threads 1, which a timed requirement on this machine must not inherit."""
-    threads = torch.get_num_threads()
     torch.set_num_threads(DEFAULT_TORCH_THREADS)
-    yield
-    torch.set_num_threads(threads)
 
 
 @pytest.fixture

@@ -12,15 +12,15 @@ import subprocess
 import sys
 import textwrap
 import time
-from pathlib import Path
 
 import pytest
 import torch
-from test_data import write_image_folder
 
 import lkat_lens
 from lkat_lens import train as lktrain
 from lkat_lens.telemetry_records import read_telemetry
+
+pytestmark = pytest.mark.usefixtures("keep_torch_threads")  # main() sets torch's thread count for the process
 
 ARGS = "--model lkat_micro --img-size 16 --epochs 2 --batch-size 4 --threads 1 --name run --data imagefolder".split()
 
@@ -47,22 +47,6 @@ HANGING_WRITER = textwrap.dedent(
     sys.exit(train.main(sys.argv[2:]))
     """
 )
-
-
-@pytest.fixture(scope="module")
-def folder(tmp_path_factory) -> Path:
-    """An ImageFolder tree: 3 classes, 4 train and 2 val images each."""
-    root = tmp_path_factory.mktemp("imagefolder")
-    write_image_folder(root, ["ant", "bee", "cow"], per_class=(4, 2))
-    return root
-
-
-@pytest.fixture(autouse=True)
-def _keep_torch_threads():
-    """main() sets torch's thread count for the process; put it back after each test."""
-    threads = torch.get_num_threads()
-    yield
-    torch.set_num_threads(threads)
 
 
 def test_sigkill_during_checkpoint_write_keeps_previous_and_resume_continues(tmp_path, capsys, folder):
