@@ -50,13 +50,18 @@ def gated_norm_reference(
 
 
 @triton.jit
+def _offsets(strides, r, c, H):
+    """Offsets of rows r (flat n * H + h indices) and channels c in an [N, H, V] tensor of these strides."""
+    n, h = (r // H).to(tl.int64), r % H
+    return n[:, None] * strides[0] + h[:, None] * strides[1] + c[None, :] * strides[2]
+
+
+@triton.jit
 def _rows(ptr, strides, r, c, H, rows, V: tl.constexpr):
     """Rows r (flat n * H + h indices, zero past `rows`) and channels c of an [N, H, V] tensor, as fp32, with the
-    mask and offsets used."""
-    n, h = (r // H).to(tl.int64), r % H
-    offs = n[:, None] * strides[0] + h[:, None] * strides[1] + c[None, :] * strides[2]
+    mask used."""
     mask = (r < rows)[:, None] & (c < V)[None, :]
-    return tl.load(ptr + offs, mask=mask, other=0.0).to(tl.float32), mask
+    return tl.load(ptr + _offsets(strides, r, c, H), mask=mask, other=0.0).to(tl.float32), mask
 
 
 @triton.jit
@@ -83,12 +88,12 @@ def _gated_norm_fwd_kernel(o_ptr, g_ptr, w_ptr, b_ptr, out_ptr, so, sg, rows, H,
 
 
 @triton.jit
-def _gated_norm_bwd_kernel(o_ptr, g_ptr, w_ptr, b_ptr, dout_ptr, do_ptr, dg_ptr, part_ptr, so, sg, sd, rows, H,
-                           eps, programs, V: tl.constexpr, BV: tl.constexpr, BR: tl.constexpr,
+def _gated_norm_bwd_kernel(o_ptr, g_ptr, w_ptr, b_ptr, dout_ptr, do_ptr, dg_ptr, part_ptr, so, sg, sd, sdg, rows,
+                           H, eps, programs, V: tl.constexpr, BV: tl.constexpr, BR: tl.constexpr,
                            ROWS: tl.constexpr):  # fmt: skip
-    """do and dg (contiguous [N, H, V]) of ROWS rows in tiles of BR, and this program's partial sums of the weight and
-    bias gradients at part_ptr [2, V, launched programs] (partials last: the host's sum over them is a contiguous
-    reduction); the argument `programs` is only the autotuning key."""
+    """do (contiguous [N, H, V]) and dg ([N, H, V], strides sdg) of ROWS rows in tiles of BR, and this program's
+    partial sums of the weight and bias gradients at part_ptr [2, V, launched programs] (partials last: the host's sum
+    over them is a contiguous reduction); the argument `programs` is only the autotuning key."""
     c = tl.arange(0, BV)
     w = tl.load(w_ptr + c, mask=c < V, other=0.0).to(tl.float32)
     b = tl.load(b_ptr + c, mask=c < V, other=0.0).to(tl.float32)
@@ -110,9 +115,8 @@ def _gated_norm_bwd_kernel(o_ptr, g_ptr, w_ptr, b_ptr, dout_ptr, do_ptr, dg_ptr,
             dxhat - (tl.sum(dxhat, axis=1) / V)[:, None] - xhat * (tl.sum(dxhat * xhat, axis=1) / V)[:, None]
         )
         dgate = dout * y * s * (1.0 + gate * (1.0 - s))
-        offs = r[:, None].to(tl.int64) * V + c[None, :]
-        tl.store(do_ptr + offs, dx.to(do_ptr.dtype.element_ty), mask=mask)
-        tl.store(dg_ptr + offs, dgate.to(dg_ptr.dtype.element_ty), mask=mask)
+        tl.store(do_ptr + r[:, None].to(tl.int64) * V + c[None, :], dx.to(do_ptr.dtype.element_ty), mask=mask)
+        tl.store(dg_ptr + _offsets(sdg, r, c, H), dgate.to(dg_ptr.dtype.element_ty), mask=mask)
     launched = tl.num_programs(0)
     part = part_ptr + c * launched + tl.program_id(0)
     tl.store(part, tl.sum(dw, axis=0), mask=c < V)
@@ -155,19 +159,21 @@ def gated_norm_fwd(o, g, weight, bias, eps: float) -> torch.Tensor:
     return out
 
 
-def gated_norm_bwd(o, g, weight, bias, dout, eps: float) -> tuple[torch.Tensor, ...]:
+def gated_norm_bwd(o, g, weight, bias, dout, eps: float, dg: torch.Tensor | None = None) -> tuple[torch.Tensor, ...]:
     """(do in o's dtype, dg in g's dtype, d_affine) for the output gradient dout: d_affine [2, V] in fp32 holds the
-    weight's gradient, then the bias's."""
+    weight's gradient, then the bias's. dg is written into `dg` when given (an [N, H, V] tensor of any strides, such
+    as a column slice of a wider gradient)."""
     N, H, V = o.shape
     rows = N * H
     do = torch.empty(N, H, V, dtype=o.dtype, device=o.device)
-    dg = torch.empty(N, H, V, dtype=g.dtype, device=o.device)
+    if dg is None:
+        dg = torch.empty(N, H, V, dtype=g.dtype, device=o.device)
     if not rows:
         return do, dg, torch.zeros(2, V, dtype=torch.float32, device=o.device)
     programs = triton.cdiv(rows, _BWD_ROWS)
     part = torch.empty(2, V, programs, dtype=torch.float32, device=o.device)
     meta = dict(V=V, BV=triton.next_power_of_2(V), ROWS=_BWD_ROWS)
-    strides = (o.stride(), g.stride(), dout.stride())
+    strides = (o.stride(), g.stride(), dout.stride(), dg.stride())
     args = (o, g, weight, bias, dout, do, dg, part, *strides, rows, H, eps, programs_key(rows))
     _launch("backward", lambda br: programs, *args, **meta)
     return do, dg, part.sum(-1)

@@ -102,10 +102,10 @@ def _gla_gate_fwd_kernel(code_ptr, w_ptr, b_ptr, gk_ptr, sc0, sc1, sw0, sw1, row
 
 
 @triton.jit
-def _gla_gate_bwd_kernel(code_ptr, w_ptr, b_ptr, dgk_ptr, dcode_ptr, part_ptr, sc0, sc1, sw0, sw1, sd0, sd1, rows,
-                         K, R, inv_norm, programs, RB: tl.constexpr, BR: tl.constexpr, BK: tl.constexpr,
+def _gla_gate_bwd_kernel(code_ptr, w_ptr, b_ptr, dgk_ptr, dcode_ptr, part_ptr, sc0, sc1, sw0, sw1, sd0, sd1, sdc0,
+                         sdc1, rows, K, R, inv_norm, programs, RB: tl.constexpr, BR: tl.constexpr, BK: tl.constexpr,
                          DOT: tl.constexpr, EXACT_CODE: tl.constexpr):  # fmt: skip
-    """The code's gradient (contiguous [N, R]) of BR rows, walking K in tiles of BK, and this program's partial sums
+    """The code's gradient ([N, R], strides sdc*) of BR rows, walking K in tiles of BK, and this program's partial sums
     of the weight's gradient, transposed, and the bias's gradient: part_ptr [launched programs, R + 1, K], row R the
     bias's (each program's block contiguous); `programs` is only the autotuning key."""
     r = tl.program_id(0) * BR + tl.arange(0, BR)
@@ -124,7 +124,7 @@ def _gla_gate_bwd_kernel(code_ptr, w_ptr, b_ptr, dgk_ptr, dcode_ptr, part_ptr, s
         dw_t = _code_dot(code_t, dx, DOT, EXACT_CODE)  # [RB, BK]
         tl.store(part + j[:, None] * K + k[None, :], dw_t, mask=(j < R)[:, None] & (k < K)[None, :])
         tl.store(part + R * K + k, tl.sum(dx, axis=0), mask=k < K)
-    offs = r[:, None].to(tl.int64) * R + j[None, :]
+    offs = r[:, None].to(tl.int64) * sdc0 + j[None, :] * sdc1
     tl.store(dcode_ptr + offs, dcode.to(dcode_ptr.dtype.element_ty), mask=code_mask)
 
 
@@ -166,17 +166,24 @@ def gla_gate_fwd(code: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, n
 
 
 def gla_gate_bwd(
-    code: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, dgk: torch.Tensor, normalizer: float
+    code: torch.Tensor,
+    weight: torch.Tensor,
+    bias: torch.Tensor,
+    dgk: torch.Tensor,
+    normalizer: float,
+    dcode: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """(the code's gradient in its dtype, d_affine) for the gate's gradient dgk: d_affine [R + 1, K] in fp32 holds the
-    weight's gradient transposed in its first R rows and the bias's in the last."""
+    weight's gradient transposed in its first R rows and the bias's in the last. The code's gradient is written into
+    `dcode` when given (an [N, R] tensor of any strides, such as a column slice of a wider gradient)."""
     (N, R), K = code.shape, weight.shape[0]
-    dcode = torch.empty(N, R, dtype=code.dtype, device=code.device)
+    if dcode is None:
+        dcode = torch.empty(N, R, dtype=code.dtype, device=code.device)
     if not (N and K):
         return dcode.zero_(), torch.zeros(R + 1, K, dtype=torch.float32, device=code.device)
     programs = triton.cdiv(N, _BWD_ROWS)
     part = torch.empty(programs, R + 1, K, dtype=torch.float32, device=code.device)
-    strides = (*code.stride(), *weight.stride(), *dgk.stride())
+    strides = (*code.stride(), *weight.stride(), *dgk.stride(), *dcode.stride())
     args = (code, weight, bias, dgk, dcode, part, *strides, N, K, R, 1.0 / normalizer, programs_key(N))
     _launch("backward", lambda m: (programs,), *args, BR=_BWD_ROWS, **_products(code, R))
     return dcode, part.sum(0)

@@ -199,12 +199,12 @@ def _store_tap_sum(dw_ptr, products, j: tl.constexpr, TAPS: tl.constexpr, cols, 
 
 @triton.jit
 def _gla_input_bwd_kernel(
-    x_ptr, w_ptr, nw_ptr, cos_ptr, sin_ptr, do_ptr, dx_ptr, dw_ptr, dnw_ptr, sx0, sx1, sx2, sd0, sd1, sd2, T, H, D,
-    eps, programs, DH: tl.constexpr, BD: tl.constexpr, TAPS: tl.constexpr, NORM: tl.constexpr, ROPE: tl.constexpr,
-    BT: tl.constexpr, TILES: tl.constexpr, ACC: tl.constexpr,
+    x_ptr, w_ptr, nw_ptr, cos_ptr, sin_ptr, do_ptr, dx_ptr, dw_ptr, dnw_ptr, sx0, sx1, sx2, sd0, sd1, sd2, sdx0, sdx1,
+    sdx2, T, H, eps, programs, DH: tl.constexpr, BD: tl.constexpr, TAPS: tl.constexpr, NORM: tl.constexpr,
+    ROPE: tl.constexpr, BT: tl.constexpr, TILES: tl.constexpr, ACC: tl.constexpr,
 ):  # fmt: skip
-    """dx ([B, T, D] contiguous) of the rows of one (batch, head) that this program owns: TILES consecutive tiles of
-    BT rows, each owning its first BT - TAPS + 1. With it the partial sums of the convolution weight gradient (dw_ptr
+    """dx ([B, T, D], strides sdx*) of the rows of one (batch, head) that this program owns: TILES consecutive tiles
+    of BT rows, each owning its first BT - TAPS + 1. With it the partial sums of the convolution weight gradient (dw_ptr
     [D, TAPS, programs along the rows * B]) and of the norm weight's (dnw_ptr [DH, programs]): partials last, so that
     the host sums contiguous rows. With ACC (at most four taps) each tap's products are accumulated over the tiles and
     summed once; without it (TILES == 1) each is summed on its tile. sd* are the output gradient's [B, T, D]
@@ -242,7 +242,7 @@ def _gla_input_bwd_kernel(
             else:
                 acc3 += products
             dx += _rows_ahead(du, TAPS - 1 - j, BT, BD) * _tap_weight(w_ptr, cols, col_ok, j, TAPS)[None, :]
-        _store_rows(dx_ptr, T * D, D, 1, i_b, rows, cols, col_ok, tl.minimum(T, start + OWN), dx)
+        _store_rows(dx_ptr, sdx0, sdx1, sdx2, i_b, rows, cols, col_ok, tl.minimum(T, start + OWN), dx)
     if ACC:
         _store_tap_sum(dw_ptr, acc0, 0, TAPS, cols, col_ok, slots, slot)
         if TAPS > 1:
@@ -313,8 +313,11 @@ def gla_input_fwd(x, conv_weight, norm_weight, cos, sin, heads: int, eps: float)
     return out
 
 
-def gla_input_bwd(x, conv_weight, norm_weight, cos, sin, do, heads: int, eps: float) -> tuple[torch.Tensor, ...]:
-    """(dx in x's dtype, d conv_weight, d norm_weight (empty without a norm weight)) for the output gradient do."""
+def gla_input_bwd(
+    x, conv_weight, norm_weight, cos, sin, do, heads: int, eps: float, dx: torch.Tensor | None = None
+) -> tuple[torch.Tensor, ...]:
+    """(dx in x's dtype, d conv_weight, d norm_weight (empty without a norm weight)) for the output gradient do; dx is
+    written into `dx` when given (a [B, T, D] tensor of any strides, such as a column slice of a wider gradient)."""
     B, T, D = x.shape
     taps = conv_weight.shape[-1]
     norm = norm_weight is not None
@@ -322,11 +325,12 @@ def gla_input_bwd(x, conv_weight, norm_weight, cos, sin, do, heads: int, eps: fl
     groups = triton.cdiv(triton.cdiv(T, rows - (taps - 1)), tiles)  # programs along the rows
     dw = torch.empty(D, taps, groups * B, dtype=torch.float32, device=x.device)
     dnw = torch.empty(D // heads, groups * B * heads if norm else 0, dtype=torch.float32, device=x.device)
-    dx = torch.empty(B, T, D, dtype=x.dtype, device=x.device)
+    if dx is None:
+        dx = torch.empty(B, T, D, dtype=x.dtype, device=x.device)
     if dx.numel():  # else the empty partials sum to zero gradients
         weights, meta = _operands(x, conv_weight, norm_weight, cos, sin, heads)
-        strides = (*x.stride(), *do.flatten(2).stride())
-        args = (x, *weights, do.flatten(2), dx, dw, dnw, *strides, T, heads, D, eps, programs_key(B, heads))
+        strides = (*x.stride(), *do.flatten(2).stride(), *dx.stride())
+        args = (x, *weights, do.flatten(2), dx, dw, dnw, *strides, T, heads, eps, programs_key(B, heads))
         tiling = dict(BT=rows, TILES=tiles, ACC=taps <= ACC_TAPS)
         _launch("backward", lambda bt: groups, B, heads, *args, **meta, **tiling)
     d_conv = dw.sum(-1).reshape(conv_weight.shape).to(conv_weight.dtype)
