@@ -9,12 +9,12 @@ from fla.ops.gla.naive import naive_recurrent_gla
 from tolerance import assert_close, rel_max
 
 from lkat_lens.kernels.gla import (
-    _auto_mode,
     gated_linear_attention,
     gla_chunked,
     gla_recurrent,
     implicit_attention,
     implicit_attention_row,
+    kernel_path,
 )
 
 GATES = {"mild": 1 / 16, "strong": 2.0}
@@ -156,7 +156,7 @@ def test_dispatcher_on_cpu_runs_torch_path() -> None:
 )
 def test_auto_mode_rule(T: int, head_dim: int, dtype: torch.dtype, grad: bool, expected: str) -> None:
     """The CUDA kernel "auto" picks, from length, head dim and dtype, with or without a gradient (the rule only
-    reads shapes and dtypes, so CPU tensors stand in for CUDA ones)."""
-    q = torch.zeros(1, T, 2, head_dim, dtype=dtype, requires_grad=grad)
-    v = torch.zeros(1, T, 2, head_dim, dtype=dtype)
-    assert _auto_mode(q, v) == expected
+    reads the device's type, shapes and dtypes; on the CPU every mode but an interpreted "short" takes torch's)."""
+    with torch.set_grad_enabled(grad):
+        assert kernel_path("auto", torch.device("cuda"), T, dtype, head_dim, head_dim) == expected
+        assert kernel_path("auto", torch.device("cpu"), T, dtype, head_dim, head_dim) == "torch"

@@ -25,8 +25,8 @@ Dispatcher modes (`gated_linear_attention`):
   accurate there. At T = 21, B = 32, H = 6, K = V = 64 in bf16 on an H100, forward + backward took 1.0 ms
   fused_recurrent, 2.5 ms chunk.
 - "torch": `gla_chunked` with TORCH_CHUNK_SIZE, the exact torch form (the fastest chunk size measured on CPU).
-  Inputs on the CPU always take this path, whatever the mode, since fla's Triton kernels cannot run there
-  (fla is imported only when a CUDA path is taken).
+  Inputs on the CPU take this path whatever the mode (fla's Triton kernels cannot run there; fla is imported only
+  when a CUDA path is taken), except mode "short" under the Triton interpreter (`kernel_path`).
 fla's kernels and "short" run as torch custom ops (`kernels.gla_fla`, `kernels.gla_short`): torch.compile traces
 a GLA layer whole, with no graph break.
 """
@@ -171,24 +171,31 @@ def gated_linear_attention(
     mode: str = "auto",
 ) -> torch.Tensor:
     """GLA output [B, T, H, V]: Triton kernels on CUDA, the exact torch chunked form on CPU or with mode "torch"."""
+    scale = _default_scale(q, scale)
+    path = kernel_path(mode, q.device, q.shape[1], q.dtype, q.shape[-1], v.shape[-1])
+    if path == "torch":
+        return gla_chunked(q, k, v, gk, scale=scale, chunk_size=TORCH_CHUNK_SIZE)[0]
+    if path == "short":
+        return gla_short.gla_short(q, k, v, gk, scale)
+    return gla_fla.fla_gla(q, k, v, gk, scale, path)
+
+
+def kernel_path(mode: str, device: torch.device, length: int, dtype: torch.dtype, key_dim: int, value_dim: int) -> str:
+    """The path gated_linear_attention takes in `mode` for q [B, length, H, key_dim] of this device and dtype and v
+    of value_dim channels (training or not): "torch" on the CPU or in mode "torch", "short" in mode "short" under the
+    Triton interpreter too (which runs the short kernels on the CPU), else the CUDA kernel of the mode, for "auto" the
+    rule in the module docstring."""
     if mode not in MODES:
         raise ValueError(f"unknown GLA mode {mode!r}; expected one of {MODES}")
-    scale = _default_scale(q, scale)
-    if mode == "torch" or not q.is_cuda:
-        return gla_chunked(q, k, v, gk, scale=scale, chunk_size=TORCH_CHUNK_SIZE)[0]
-    if mode == "auto":
-        mode = _auto_mode(q, v)
-    if mode == "short":
-        return gla_short.gla_short(q, k, v, gk, scale)
-    return gla_fla.fla_gla(q, k, v, gk, scale, mode)
-
-
-def _auto_mode(q: torch.Tensor, v: torch.Tensor) -> str:
-    """The CUDA kernel that "auto" runs for operands of q's and v's shapes and q's dtype (training or not)."""
-    T = q.shape[1]
-    if T <= AUTO_RECURRENT_MAX_T or q.dtype == torch.float32:
+    if mode == "short" and gla_short.INTERPRET:
+        return "short"
+    if mode == "torch" or device.type != "cuda":
+        return "torch"
+    if mode != "auto":
+        return mode
+    if length <= AUTO_RECURRENT_MAX_T or dtype == torch.float32:
         return "fused_recurrent"
-    return "short" if gla_short.supports(q, v) else "chunk"
+    return "short" if gla_short.supports(key_dim, value_dim) else "chunk"
 
 
 def _prefix_sums(gk: torch.Tensor) -> torch.Tensor:

@@ -395,9 +395,9 @@ def _input_precision(*xs: torch.Tensor) -> str:
     return "bf16"
 
 
-def supports(q: torch.Tensor, v: torch.Tensor) -> bool:
+def supports(key_dim: int, value_dim: int) -> bool:
     """Whether the kernels take these head dims (K and V in HEAD_DIMS)."""
-    return q.shape[-1] in HEAD_DIMS and v.shape[-1] in HEAD_DIMS
+    return key_dim in HEAD_DIMS and value_dim in HEAD_DIMS
 
 
 def segment_length(T: int) -> int:
@@ -411,7 +411,7 @@ def _check(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, gk: torch.Tensor, 
     if q.dim() != 4 or v.dim() != 4 or q.shape != k.shape or q.shape != gk.shape or v.shape[:3] != q.shape[:3]:
         shapes = ", ".join(str(tuple(x.shape)) for x in (q, k, v, gk))
         raise ValueError(f"expected q, k, gk [B,T,H,K] and v [B,T,H,V], got {shapes}")
-    if not supports(q, v):
+    if not supports(q.shape[-1], v.shape[-1]):
         raise ValueError(f"gla_short needs K and V in {HEAD_DIMS}, got K={q.shape[-1]}, V={v.shape[-1]}")
     if any(x.dtype not in INPUT_DTYPES for x in (q, k, v, gk)):
         raise ValueError(f"gla_short needs operands in {INPUT_DTYPES}")
@@ -510,13 +510,17 @@ def _gla_short_op(
     return gla_short_fwd(q, k, v, gk, scale, segment)
 
 
+def empty_states(q: torch.Tensor, v: torch.Tensor, segment: int) -> torch.Tensor:
+    """An uninitialised tensor of the shape gla_short_fwd's states h take for these operands (fake tensors)."""
+    B, T, H, K = q.shape
+    if not segment or B * T * H * K * v.shape[-1] == 0:
+        return _no_states(q)
+    return q.new_empty(B, triton.cdiv(T, segment), H, K, v.shape[-1], dtype=torch.float)
+
+
 @_gla_short_op.register_fake
 def _gla_short_fake(q, k, v, gk, scale, segment):
-    o = q.new_empty(*q.shape[:3], v.shape[-1])
-    if not segment or o.numel() == 0:
-        return o, _no_states(q)
-    B, T, H, K = q.shape
-    return o, q.new_empty(B, triton.cdiv(T, segment), H, K, v.shape[-1], dtype=torch.float)
+    return q.new_empty(*q.shape[:3], v.shape[-1]), empty_states(q, v, segment)
 
 
 @torch.library.custom_op("lkat_lens::gla_short_backward", mutates_args=())
