@@ -18,7 +18,7 @@ ratios to the ViT of its size (same compile setting) and to the paper configurat
 The sweep keeps tokens x batch near --sweep-tokens and reports per-image numbers and the crossover
 resolution where LKAT-S starts to train (and infer) faster than ViT-S.
 --compare (issue 19) measures, per size, ViT and LKAT (each GLA mode of --attn x KAN backend of --kan x mode of GLA's
-input path, output path and forget gate of --gla-input, --gla-output, --gla-gate) under each
+input path, output path, forget gate and core of --gla-input, --gla-output, --gla-gate, --gla-core) under each
 --compile-modes setting
 ("eager", or a torch.compile mode with fullgraph=True: any graph break fails the row): train and inference
 images/s (`*_img_s`: the median step with a synchronisation after each, so the host's time before a step's first
@@ -469,13 +469,13 @@ def compare_ratios(rows: list[dict]) -> None:
 
 
 # LKAT's paths around the GLA that --compare varies: set_backends keyword (its argparse dest) -> label word
-GLA_PATHS = {"gla_input": "inputs", "gla_output": "output", "gla_gate": "gate"}
+GLA_PATHS = {"gla_input": "inputs", "gla_output": "output", "gla_gate": "gate", "gla_core": "core"}
 
 
 def compared_variants(size: str, args: argparse.Namespace) -> list[tuple[str, str, dict, dict, float, str]]:
     """(label, registry name, create kwargs, backends, activation memory budget, patch embedding): the ViTs
     (inductor's default budget), then LKAT with every combination of --attn, --kan, --gla-input, --gla-output,
-    --gla-gate and --memory-budgets."""
+    --gla-gate, --gla-core and --memory-budgets."""
     rows = []
     for label, name, kwargs, embed in compared_models(size, args.tiny, args.vit_patch_embed):
         if not name.startswith("lkat"):

@@ -94,18 +94,19 @@ def test_compared_models_add_a_vit_with_lkats_patch_embedding(bench) -> None:
     }
 
 
-def test_compare_varies_each_path_around_the_gla(bench) -> None:
-    """--gla-gate auto torch (with the other paths left "auto") gives one ViT row and two LKAT rows, the second
-    labelled and configured with the gate's modules."""
+@pytest.mark.parametrize(("path", "word"), [("gla_gate", "gate"), ("gla_core", "core")])
+def test_compare_varies_each_path_around_the_gla(bench, path: str, word: str) -> None:
+    """--gla-gate (or --gla-core) auto torch, the other paths left "auto", gives one ViT row and two LKAT rows, the
+    second labelled and configured with that path's modules."""
+    paths = {name: ["auto"] for name in ("gla_input", "gla_output", "gla_gate", "gla_core")} | {path: ["auto", "torch"]}
     args = argparse.Namespace(
-        tiny=True, vit_patch_embed=["timm"], attn=["auto"], kan=["auto"], gla_input=["auto"], gla_output=["auto"],
-        gla_gate=["auto", "torch"], memory_budgets=[1.0],
-    )  # fmt: skip
+        tiny=True, vit_patch_embed=["timm"], attn=["auto"], kan=["auto"], memory_budgets=[1.0], **paths
+    )
     rows = bench.compared_variants("tiny", args)
     lkat = [(label, backends) for label, name, _, backends, _, _ in rows if name.startswith("lkat")]
-    assert len(rows) == 3 and [label.endswith(" torch gate") for label, _ in lkat] == [False, True], rows
-    assert [backends["gla_gate"] for _, backends in lkat] == ["auto", "torch"]
-    assert all(backends["gla_input"] == backends["gla_output"] == "auto" for _, backends in lkat)
+    assert len(rows) == 3 and [label.endswith(f" torch {word}") for label, _ in lkat] == [False, True], rows
+    assert [backends[path] for _, backends in lkat] == ["auto", "torch"]
+    assert all(backends[other] == "auto" for _, backends in lkat for other in paths if other != path)
 
 
 @pytest.mark.parametrize("training", [True, False])

@@ -13,10 +13,12 @@ import torch.nn.functional as F
 from timm.layers import RmsNorm
 from torch import nn
 
+from lkat_lens.kernels import gla_short
 from lkat_lens.kernels.dtypes import autocast_dtype, compute_dtype
 from lkat_lens.kernels.gated_norm import gated_norm
 from lkat_lens.kernels.gated_norm import supports as fused_output_supports
-from lkat_lens.kernels.gla import gated_linear_attention, implicit_attention
+from lkat_lens.kernels.gla import gated_linear_attention, implicit_attention, kernel_path
+from lkat_lens.kernels.gla_core import gla_core
 from lkat_lens.kernels.gla_gate import gla_gate
 from lkat_lens.kernels.gla_gate import supports as fused_gate_supports
 from lkat_lens.kernels.gla_input import gla_input
@@ -28,12 +30,12 @@ from .rope import make_rope
 
 INPUT_MODES = ("auto", "fused", "torch")
 # the paths around the GLA that take INPUT_MODES: their set_backends keyword -> their VisionGLA attribute
-PATH_MODES = {"gla_input": "input_mode", "gla_output": "output_mode", "gla_gate": "gate_mode"}
+PATH_MODES = {"gla_input": "input_mode", "gla_output": "output_mode", "gla_gate": "gate_mode", "gla_core": "core_mode"}
 
 
 def check_input_mode(mode: str, name: str = "gla_input") -> None:
     """Raise unless `mode` is one of INPUT_MODES (the modes of the paths in PATH_MODES: GLA's input path, its output
-    path and its forget gate)."""
+    path, its forget gate and its core, all of them with the GLA as one op)."""
     if mode not in INPUT_MODES:
         raise ValueError(f"{name} must be one of {INPUT_MODES} (VisionGLA.{PATH_MODES[name]}), got {mode!r}")
 
@@ -103,7 +105,11 @@ class VisionGLA(nn.Module):
     elsewhere; while a hook sits on g_norm it is the modules' form. `gate_mode` (the same modes) is how the forget
     gate logsigmoid(gk_proj[1](code)) / gate_logit_normalizer runs from its low-rank code: "fused" is one kernel each
     way (`kernels.gla_gate`, eager and under torch.compile), "auto" (the default) "fused" on CUDA; while a hook sits on
-    gk_proj[1] it is the module's form.
+    gk_proj[1] it is the module's form. `core_mode` (the same modes) is whether the whole core, from the stacked
+    projection output to the gated heads, runs as one op each way (`kernels.gla_core`: the same kernels, the backward
+    writing the pieces' gradients into one matrix): with "fused" (or "auto" on CUDA) it does whenever the three paths
+    take their kernels, the GLA takes the short kernels (kernels.gla.kernel_path) and no hook point between the pieces
+    (hook_q, hook_k, hook_v, hook_gk, hook_pattern) is hooked (`fuses_core`).
     """
 
     def __init__(
@@ -132,7 +138,7 @@ class VisionGLA(nn.Module):
             )
         self.num_heads, self.head_dim, self.head_v_dim = num_heads, key_dim // num_heads, value_dim // num_heads
         self.gate_logit_normalizer, self.mode = gate_logit_normalizer, mode
-        self.input_mode, self.output_mode, self.gate_mode = "auto", "auto", "auto"
+        self.input_mode, self.output_mode, self.gate_mode, self.core_mode = "auto", "auto", "auto", "auto"
         self.q_proj = nn.Linear(dim, key_dim, bias=False)
         self.k_proj = nn.Linear(dim, key_dim, bias=False)
         self.v_proj = nn.Linear(dim, value_dim, bias=False)
@@ -169,16 +175,20 @@ class VisionGLA(nn.Module):
         """The Linears `project` stacks, in its order: q, k, v, the output gate g, the gate's low-rank code."""
         return (self.q_proj, self.k_proj, self.v_proj, self.g_proj, self.gk_proj[0])
 
-    def project(self, x: torch.Tensor) -> tuple[torch.Tensor, ...]:
+    def project_stacked(self, x: torch.Tensor) -> torch.Tensor:
         """x through q_proj, k_proj, v_proj, g_proj and the gate's first (low-rank) Linear as one matmul with their
-        stacked weights: the same products, but one GEMM and (under autocast) one cast of x instead of five, and
-        x's gradient summed inside the GEMM's fp32 accumulation. The GEMM runs on x's rows as one 2-D matrix: under
-        torch.compile the gradients of the pieces are then concatenated into the [rows, outputs] matrix the backward
-        GEMMs read. From a [B, T, outputs] output inductor padded the batch stride of that concatenation (LKAT-T's
-        784 columns: 201 x 784 -> 157,632), and viewing it as rows took a copy of it in every layer."""
-        linears = self.projections()
-        y = F.linear(x.flatten(0, -2), torch.cat([m.weight for m in linears]))
-        return tuple(part.unflatten(0, x.shape[:-1]) for part in y.split([m.out_features for m in linears], dim=-1))
+        stacked weights, [..., outputs] in `projections` order: the same products, but one GEMM and (under autocast)
+        one cast of x instead of five, and x's gradient summed inside the GEMM's fp32 accumulation. The GEMM runs on
+        x's rows as one 2-D matrix: the backward GEMMs read the pieces' gradients as one [rows, outputs] matrix (under
+        torch.compile concatenated from the pieces, unless the core writes it whole). From a [B, T, outputs] output
+        inductor padded the batch stride of that concatenation (LKAT-T's 784 columns: 201 x 784 -> 157,632), and
+        viewing it as rows took a copy of it in every layer."""
+        y = F.linear(x.flatten(0, -2), torch.cat([m.weight for m in self.projections()]))
+        return y.unflatten(0, x.shape[:-1])
+
+    def project(self, x: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        """project_stacked(x) split into the outputs of q_proj, k_proj, v_proj, g_proj and the gate's first Linear."""
+        return self.project_stacked(x).split([m.out_features for m in self.projections()], dim=-1)
 
     def input_modules(self) -> tuple[nn.Module, ...]:
         """The modules between the projections and the GLA (convolutions, q/k norms, RoPE)."""
@@ -211,15 +221,59 @@ class VisionGLA(nn.Module):
         return q, k, self.v_conv1d(v).unflatten(-1, v_heads)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = self.project_stacked(x)
+        z = self.core(y) if self.fuses_core(y) else self.pieces(y)
+        return self.hook_out(self.o_proj(self.hook_z(z).flatten(-2)))
+
+    def pieces(self, y: torch.Tensor) -> torch.Tensor:
+        """The gated heads [B, T, H, V] of the stacked projection output y, piece by piece through the hook points."""
         heads, v_heads = (self.num_heads, self.head_dim), (self.num_heads, self.head_v_dim)
-        q, k, v, g, gate_code = self.project(x)
+        q, k, v, g, gate_code = y.split([m.out_features for m in self.projections()], dim=-1)
         q, k, v = self.inputs(q, k, v)
         v = self.hook_v(v)
         q, k = self.hook_q(q), self.hook_k(k)
         gk = self.forget_gate(gate_code).unflatten(-1, heads)
         o = self.mix(q, k, v, self.hook_gk(gk))
-        o = self.hook_z(self.gated_norm(o, g.unflatten(-1, v_heads)))
-        return self.hook_out(self.o_proj(o.flatten(-2)))
+        return self.gated_norm(o, g.unflatten(-1, v_heads))
+
+    def fuses_core(self, y: torch.Tensor) -> bool:
+        """Whether the core of this stacked projection output takes the one op (see core_mode)."""
+        check_input_mode(self.core_mode, "gla_core")
+        if not _takes_kernel(self.core_mode, y) or any(
+            p.active for p in (self.hook_q, self.hook_k, self.hook_v, self.hook_gk, self.hook_pattern)
+        ):
+            return False
+        K, V = self.head_dim, self.head_v_dim
+        if kernel_path(self.mode, y.device, y.shape[1], y.dtype, K, V) != "short" or not gla_short.supports(K, V):
+            return False
+        q, _, _, g, code = y.split([m.out_features for m in self.projections()], dim=-1)
+        g = g.unflatten(-1, (self.num_heads, V))
+        norms = (self.q_norm.weight, self.k_norm.weight)
+        return (
+            all(w is not None for w in norms)
+            and self.fuses_inputs(q)
+            and self.fuses_gate(code)
+            and self.fuses_output(g, g)
+        )
+
+    def core(self, y: torch.Tensor) -> torch.Tensor:
+        """The gated heads [B, T, H, V] of the stacked projection output y by the one op (`kernels.gla_core`)."""
+        cos, sin = self.rotary.channel_tables(y.shape[1])
+        convs = (self.q_conv1d.weight, self.k_conv1d.weight, self.v_conv1d.weight)
+        second, norms = self.gk_proj[1], (self.q_norm, self.k_norm, self.g_norm)
+        return gla_core(
+            y,
+            convs,
+            (norms[0].weight, norms[1].weight),
+            (cos, sin),
+            (second.weight, second.bias),
+            (self.g_norm.weight, self.g_norm.bias),
+            heads=self.num_heads,
+            scale=self.scale,
+            segment=gla_short.segment_length(y.shape[1]),
+            eps=tuple(norm.eps for norm in norms),
+            normalizer=self.gate_logit_normalizer,
+        )
 
     def fuses_gate(self, code: torch.Tensor) -> bool:
         """Whether the forget gate of this low-rank code takes the fused kernel (see gate_mode): not with a hook on

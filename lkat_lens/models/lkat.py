@@ -175,11 +175,13 @@ class LKAT(FlatViT):
         gla_input: str | None = None,
         gla_output: str | None = None,
         gla_gate: str | None = None,
+        gla_core: str | None = None,
     ) -> LKAT:
         """Choose the GLA mode (kernels.gla.MODES: auto/chunk/fused_recurrent/short/torch), the KAN layers'
         kernel backend (kernels.kan_linear.BACKENDS: auto/torch/triton/fused), and how GLA's input path, its output
-        path and its forget gate run (models.attention.INPUT_MODES: auto/fused/torch)."""
-        paths = {"gla_input": gla_input, "gla_output": gla_output, "gla_gate": gla_gate}
+        path, its forget gate and its core (all of them as one op) run (models.attention.INPUT_MODES:
+        auto/fused/torch; VisionGLA)."""
+        paths = {"gla_input": gla_input, "gla_output": gla_output, "gla_gate": gla_gate, "gla_core": gla_core}
         paths = {name: mode for name, mode in paths.items() if mode is not None}
         for name, mode in paths.items():
             check_input_mode(mode, name)

@@ -1,0 +1,208 @@
+"""GLA's core as one op each way: from the stacked projection output to the gated, normalised heads.
+
+VisionGLA projects its input once, y = [q | k | v | g | code] [B, T, P] (one GEMM with the stacked weights of q_proj,
+k_proj, v_proj, g_proj and the gate's low-rank Linear; models.attention). The core takes y whole and runs the kernels
+the pieces run one by one: q, k and v through their input paths (`gla_input`: short convolution, SiLU, q/k RMSNorm,
+RoPE), the forget gate from the code (`gla_gate`), the GLA itself by the short kernels (`gla_short`) and the output
+path g_norm(o) * SiLU(g) (`gated_norm`), returning z [B, T, H, V]. It saves what they save (y, q, k, v, gk, the
+segment states h, o). Its backward runs their backward kernels in reverse order, each writing its piece's gradient
+straight into that piece's columns of one [B, T, P] gradient, which the projection's backward GEMMs read as it is.
+
+Why: with the pieces as separate ops, each returns its own gradient, and autograd (under torch.compile, inductor)
+concatenates the five into the [rows, P] matrix, one kernel that reads and writes the whole of it in every layer:
+`triton_poi_fused_cat_view` took 0.53 ms of LKAT-T's 14.55 ms compiled training step (H100, batch 128,
+benchmarks/README.md). The values are the pieces' own: the same kernels with the same operands.
+
+The model takes this op when all three paths around the GLA take their kernels, the GLA takes the short kernels and
+no hook point between the pieces is hooked (VisionGLA.fuses_core); otherwise it runs the pieces. With TRITON_INTERPRET=1
+in the environment before triton is first imported the kernels run on CPU tensors.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from .autograd_ops import ANY_STRIDES, Kernel, differentiable
+from .gated_norm import gated_norm_bwd, gated_norm_fwd
+from .gla_gate import gla_gate_bwd, gla_gate_fwd
+from .gla_input import gla_input_bwd, gla_input_fwd
+from .gla_short import INTERPRET, empty_states, gla_short_bwd, gla_short_fwd
+
+
+def _pieces(y: torch.Tensor, key_dim: int, value_dim: int) -> list[torch.Tensor]:
+    """y's column slices q, k, v, g, code (views)."""
+    rank = y.shape[-1] - 2 * (key_dim + value_dim)
+    return list(y.split([key_dim, key_dim, value_dim, value_dim, rank], dim=-1))
+
+
+def _heads(x: torch.Tensor, heads: int) -> torch.Tensor:
+    """[B, T, D] as rows of heads [B * T, H, D / H] (a view)."""
+    return x.unflatten(-1, (heads, -1)).flatten(0, 1)
+
+
+def gla_core_fwd(
+    y, conv_q, conv_k, conv_v, norm_q, norm_k, cos, sin, gate_weight, gate_bias, out_weight, out_bias,
+    heads: int, scale: float, segment: int, eps: list[float], normalizer: float,
+) -> tuple[torch.Tensor, ...]:  # fmt: skip
+    """(z [B, T, H, V] in y's dtype, then what the backward reads: q, k, v, gk, h, o). eps: q_norm's, k_norm's and
+    g_norm's."""
+    B, T, _ = y.shape
+    yq, yk, yv, yg, code = _pieces(y, conv_q.shape[0], conv_v.shape[0])
+    q = gla_input_fwd(yq, conv_q, norm_q, cos, sin, heads, eps[0])
+    k = gla_input_fwd(yk, conv_k, norm_k, cos, sin, heads, eps[1])
+    v = gla_input_fwd(yv, conv_v, None, None, None, heads, 0.0)
+    gk = gla_gate_fwd(code.flatten(0, 1), gate_weight, gate_bias, normalizer).view(B, T, heads, -1)
+    o, h = gla_short_fwd(q, k, v, gk, scale, segment)
+    z = gated_norm_fwd(o.flatten(0, 1), _heads(yg, heads), out_weight, out_bias, eps[2]).view(o.shape)
+    return z, q, k, v, gk, h, o
+
+
+def gla_core_bwd(
+    y, conv_q, conv_k, conv_v, norm_q, norm_k, cos, sin, gate_weight, gate_bias, out_weight, out_bias,
+    q, k, v, gk, h, o, dz, heads: int, scale: float, segment: int, eps: list[float], normalizer: float,
+) -> tuple[torch.Tensor, ...]:  # fmt: skip
+    """(dy [B, T, P] contiguous in y's dtype, the convolution weights' gradients, the q and k norm weights', the gate's
+    d_affine [R + 1, K] (gla_gate_bwd) and the output norm's [2, V] (gated_norm_bwd)) for z's gradient dz."""
+    dy = torch.empty(y.shape, dtype=y.dtype, device=y.device)
+    yq, yk, yv, yg, code = _pieces(y, conv_q.shape[0], conv_v.shape[0])
+    dyq, dyk, dyv, dyg, dcode = _pieces(dy, conv_q.shape[0], conv_v.shape[0])
+    do, _, d_out = gated_norm_bwd(o.flatten(0, 1), _heads(yg, heads), out_weight, out_bias,
+                                  dz.reshape(-1, *dz.shape[2:]), eps[2], dg=_heads(dyg, heads))  # fmt: skip
+    dq, dk, dv, dgk = gla_short_bwd(q, k, v, gk, h, do.view(o.shape), scale, segment)
+    d_gate = gla_gate_bwd(code.flatten(0, 1), gate_weight, gate_bias, dgk.flatten(0, 1).flatten(1), normalizer,
+                          dcode=dcode.flatten(0, 1))[1]  # fmt: skip
+    _, d_conv_q, d_norm_q = gla_input_bwd(yq, conv_q, norm_q, cos, sin, dq, heads, eps[0], dx=dyq)
+    _, d_conv_k, d_norm_k = gla_input_bwd(yk, conv_k, norm_k, cos, sin, dk, heads, eps[1], dx=dyk)
+    d_conv_v = gla_input_bwd(yv, conv_v, None, None, None, dv, heads, 0.0, dx=dyv)[1]
+    return dy, d_conv_q, d_conv_k, d_conv_v, d_norm_q, d_norm_k, d_gate, d_out
+
+
+__all__ = ["INTERPRET", "gla_core", "gla_core_bwd", "gla_core_fwd"]
+
+
+# The forward reads y through its strides; the backward writes dy contiguous whatever y's strides.
+@torch.library.custom_op("lkat_lens::gla_core", mutates_args=(), tags=ANY_STRIDES)
+def _gla_core_op(
+    y: torch.Tensor,
+    conv_q: torch.Tensor,
+    conv_k: torch.Tensor,
+    conv_v: torch.Tensor,
+    norm_q: torch.Tensor,
+    norm_k: torch.Tensor,
+    cos: torch.Tensor,
+    sin: torch.Tensor,
+    gate_weight: torch.Tensor,
+    gate_bias: torch.Tensor,
+    out_weight: torch.Tensor,
+    out_bias: torch.Tensor,
+    heads: int,
+    scale: float,
+    segment: int,
+    eps: list[float],
+    normalizer: float,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The forward as a custom op (opaque to torch.compile)."""
+    return gla_core_fwd(y, conv_q, conv_k, conv_v, norm_q, norm_k, cos, sin, gate_weight, gate_bias, out_weight,
+                        out_bias, heads, scale, segment, eps, normalizer)  # fmt: skip
+
+
+@_gla_core_op.register_fake
+def _gla_core_fake(y, conv_q, conv_k, conv_v, norm_q, norm_k, cos, sin, gate_weight, gate_bias, out_weight, out_bias,
+                   heads, scale, segment, eps, normalizer):  # fmt: skip
+    (B, T, _), key_dim, value_dim = y.shape, conv_q.shape[0], conv_v.shape[0]
+    keys, values = (B, T, heads, key_dim // heads), (B, T, heads, value_dim // heads)
+    q, k, v, o, z = (y.new_empty(shape) for shape in (keys, keys, values, values, values))
+    return z, q, k, v, y.new_empty(keys, dtype=torch.float32), empty_states(q, v, segment), o
+
+
+@torch.library.custom_op("lkat_lens::gla_core_backward", mutates_args=(), tags=ANY_STRIDES)
+def _gla_core_backward_op(
+    y: torch.Tensor,
+    conv_q: torch.Tensor,
+    conv_k: torch.Tensor,
+    conv_v: torch.Tensor,
+    norm_q: torch.Tensor,
+    norm_k: torch.Tensor,
+    cos: torch.Tensor,
+    sin: torch.Tensor,
+    gate_weight: torch.Tensor,
+    gate_bias: torch.Tensor,
+    out_weight: torch.Tensor,
+    out_bias: torch.Tensor,
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    gk: torch.Tensor,
+    h: torch.Tensor,
+    o: torch.Tensor,
+    dz: torch.Tensor,
+    heads: int,
+    scale: float,
+    segment: int,
+    eps: list[float],
+    normalizer: float,
+) -> tuple[
+    torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor
+]:
+    """The backward as a custom op (gla_core_bwd)."""
+    return gla_core_bwd(y, conv_q, conv_k, conv_v, norm_q, norm_k, cos, sin, gate_weight, gate_bias, out_weight,
+                        out_bias, q, k, v, gk, h, o, dz, heads, scale, segment, eps, normalizer)  # fmt: skip
+
+
+@_gla_core_backward_op.register_fake
+def _gla_core_backward_fake(y, conv_q, conv_k, conv_v, norm_q, norm_k, cos, sin, gate_weight, gate_bias, out_weight,
+                            out_bias, q, k, v, gk, h, o, dz, heads, scale, segment, eps, normalizer):  # fmt: skip
+    K, R = gate_weight.shape
+    d_gate = y.new_empty(R + 1, K, dtype=torch.float32)
+    d_out = y.new_empty(2, out_weight.shape[0], dtype=torch.float32)
+    return (y.new_empty(y.shape), torch.empty_like(conv_q), torch.empty_like(conv_k), torch.empty_like(conv_v),
+            torch.empty_like(norm_q), torch.empty_like(norm_k), d_gate, d_out)  # fmt: skip
+
+
+_TENSORS = 12  # the forward's tensor inputs; its scalar arguments follow
+
+
+def _setup_context(ctx, inputs: tuple, output: tuple) -> None:
+    ctx.mark_non_differentiable(*output[1:])
+    ctx.save_for_backward(*inputs[:_TENSORS], *output[1:])
+    ctx.args = inputs[_TENSORS:]
+
+
+def _backward(ctx, dz: torch.Tensor, *_saved_grads, kernel) -> tuple:
+    saved = ctx.saved_tensors
+    dy, d_conv_q, d_conv_k, d_conv_v, d_norm_q, d_norm_k, d_gate, d_out = kernel(*saved, dz, *ctx.args)
+    gate_weight, gate_bias, out_weight, out_bias = saved[8:_TENSORS]
+    rank = gate_weight.shape[1]
+    affine = (d_gate[:rank].t().to(gate_weight.dtype), d_gate[rank].to(gate_bias.dtype))
+    return (dy, d_conv_q, d_conv_k, d_conv_v, d_norm_q, d_norm_k, None, None, *affine,
+            d_out[0].to(out_weight.dtype), d_out[1].to(out_bias.dtype), *[None] * len(ctx.args))  # fmt: skip
+
+
+_gla_core = differentiable(
+    Kernel(_gla_core_op, gla_core_fwd), Kernel(_gla_core_backward_op, gla_core_bwd), _backward, _setup_context
+)
+
+
+def gla_core(
+    y: torch.Tensor,
+    convs: tuple[torch.Tensor, torch.Tensor, torch.Tensor],
+    norms: tuple[torch.Tensor, torch.Tensor],
+    rotary: tuple[torch.Tensor, torch.Tensor],
+    gate: tuple[torch.Tensor, torch.Tensor],
+    out_norm: tuple[torch.Tensor, torch.Tensor],
+    *,
+    heads: int,
+    scale: float,
+    segment: int,
+    eps: tuple[float, float, float],
+    normalizer: float,
+) -> torch.Tensor:
+    """Differentiable GLA core z [B, T, H, V] (y's dtype) of the stacked projection output y [B, T, P]: convs are the
+    q, k, v short convolutions' weights [D, 1, TAPS], norms the q and k RMSNorm weights [K / H], rotary the RoPE tables
+    cos, sin [T, K / H], gate the forget gate's second Linear (weight [K, R], bias [K]), out_norm g_norm's weight and
+    bias [V / H]; segment is gla_short's, eps q_norm's, k_norm's and g_norm's, normalizer gate_logit_normalizer.
+    Gradients reach y and every weight (not the rotary tables). The caller checks that the pieces' kernels take their
+    operands (VisionGLA.fuses_core)."""
+    y_eps = [float(e) for e in eps]
+    args = (heads, float(scale), int(segment), y_eps, float(normalizer))
+    return _gla_core(y, *convs, *norms, *rotary, *gate, *out_norm, *args)[0]

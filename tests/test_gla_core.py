@@ -1,0 +1,207 @@
+"""GLA's core as one op (kernels/gla_core.py: input paths, forget gate, short GLA and output path, its backward
+writing every piece's gradient into one matrix) under the Triton interpreter against the float64 composition of the
+pieces' torch references, and in lkat_micro against the pieces and the modules.
+
+The kernels run on CPU through the Triton interpreter, in a child process started with TRITON_INTERPRET=1 unless
+this process already runs that way (see triton_interpreter.py).
+"""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+import triton_interpreter
+from tolerance import rel_max
+
+import lkat_lens
+from lkat_lens.kernels import gla_core
+from lkat_lens.kernels.gated_norm import gated_norm_reference
+from lkat_lens.kernels.gla import gla_recurrent
+from lkat_lens.kernels.gla_gate import gla_gate_reference
+from lkat_lens.kernels.gla_input import gla_input_reference
+
+GRADS = ("dy", "dconv_q", "dconv_k", "dconv_v", "dnorm_q", "dnorm_k", "dgate_w", "dgate_b", "dout_w", "dout_b")
+TOL = {"float32": 1e-5, "bfloat16": 3e-2}
+EPS = (1e-6, 1e-5, 1e-5)  # q_norm's, k_norm's, g_norm's
+NORMALIZER = 16.0
+# id -> (T, H, K (head), V (head), R, dtype, segment, y a column slice of a wider tensor)
+CASES = {
+    f"T{T}-H{H}-K{K}-V{V}-R{R}-{dtype}-s{seg}{'-sliced' if sliced else ''}": (T, H, K, V, R, dtype, seg, sliced)
+    for T, H, K, V, R, dtype, seg, sliced in [
+        (21, 2, 16, 32, 16, "float32", 0, False),  # one walk, a ragged chunk, V != K
+        (40, 2, 32, 16, 8, "float32", 16, True),  # walked in segments, the last ragged; a rank below 16; y strided
+        (21, 1, 16, 16, 16, "bfloat16", 0, False),  # LKAT's training dtype
+    ]
+}
+
+
+def make_case(T: int, H: int, K: int, V: int, R: int, dtype: torch.dtype, sliced: bool) -> tuple[list, torch.Tensor]:
+    """([y, the 11 weights and tables as gla_core takes them, flat], z's gradient): y [2, T, P] in dtype, the rest
+    fp32 (y a column slice of a wider tensor when `sliced`)."""
+    gen = torch.Generator().manual_seed(0)
+    kd, vd = H * K, H * V
+    width = 2 * kd + 2 * vd + R
+    y = torch.randn(2, T, width + (5 if sliced else 0), generator=gen)[..., :width].to(dtype)
+    convs = [torch.randn(d, 1, 4, generator=gen) * 0.5 for d in (kd, kd, vd)]
+    norms = [1 + 0.1 * torch.randn(K, generator=gen) for _ in range(2)]
+    angles = torch.randn(T, K // 2, generator=gen).repeat_interleave(2, -1)
+    gate = [torch.randn(kd, R, generator=gen) * R**-0.5, torch.randn(kd, generator=gen)]
+    out_norm = [1 + 0.1 * torch.randn(V, generator=gen), 0.1 * torch.randn(V, generator=gen)]
+    return [y, *convs, *norms, angles.cos(), angles.sin(), *gate, *out_norm], torch.randn(2, T, H, V, generator=gen)
+
+
+def core_of(flat: list, heads: int, segment: int) -> torch.Tensor:
+    """gla_core of make_case's flat operands."""
+    y, cq, ck, cv, nq, nk, cos, sin, gw, gb, ow, ob = flat
+    return gla_core.gla_core(y, (cq, ck, cv), (nq, nk), (cos, sin), (gw, gb), (ow, ob), heads=heads,
+                             scale=0.3, segment=segment, eps=EPS, normalizer=NORMALIZER)  # fmt: skip
+
+
+def reference_of(flat: list, heads: int, segment: int) -> torch.Tensor:
+    """The same from the pieces' torch references and the plain GLA recurrence (segment plays no part)."""
+    y, cq, ck, cv, nq, nk, cos, sin, gw, gb, ow, ob = flat
+    kd, vd = cq.shape[0], cv.shape[0]
+    yq, yk, yv, yg, code = y.split([kd, kd, vd, vd, y.shape[-1] - 2 * (kd + vd)], dim=-1)
+    q = gla_input_reference(yq, cq, nq, cos, sin, heads, EPS[0])
+    k = gla_input_reference(yk, ck, nk, cos, sin, heads, EPS[1])
+    v = gla_input_reference(yv, cv, None, None, None, heads, 0.0)
+    gk = gla_gate_reference(code, gw, gb, NORMALIZER).unflatten(-1, (heads, -1))
+    o = gla_recurrent(q, k, v, gk, scale=0.3)[0]
+    return gated_norm_reference(o, yg.unflatten(-1, (heads, -1)), ow, ob, EPS[2])
+
+
+def outputs_and_grads(fn, flat: list, dz: torch.Tensor, heads: int, segment: int) -> list[torch.Tensor]:
+    """fn's z and the gradients of sum(z * dz) w.r.t. y and every weight (not the rotary tables)."""
+    leaves = [t.detach().requires_grad_(i not in (6, 7)) for i, t in enumerate(flat)]
+    z = fn(leaves, heads, segment)
+    grads = torch.autograd.grad(z, [t for t in leaves if t.requires_grad], dz.to(z.dtype))
+    return [z.detach(), *grads]
+
+
+def _measure_case(case: tuple) -> dict:
+    T, H, K, V, R, dtype_name, segment, sliced = case
+    flat, dz = make_case(T, H, K, V, R, getattr(torch, dtype_name), sliced)
+    got = outputs_and_grads(core_of, flat, dz, H, segment)
+    ref = outputs_and_grads(reference_of, [t.double() for t in flat], dz.double(), H, segment)
+    errors = {name: rel_max(a, b) for name, a, b in zip(("z", *GRADS), got, ref, strict=True)}
+    shapes = [tuple(t.shape) for t in flat if t is not flat[6] and t is not flat[7]]
+    errors["layout_ok"] = [tuple(t.shape) for t in got[1:]] == shapes and got[1].dtype == flat[0].dtype
+    errors["finite"] = all(bool(torch.isfinite(t).all()) for t in got)
+    with torch.no_grad():  # without gradients the kernels run alone, no autograd node: the same output
+        plain = core_of(flat, H, segment)
+    errors["no_grad_same"] = plain.grad_fn is None and torch.equal(plain, got[0])
+    return errors
+
+
+def _check_op_and_compile() -> dict:
+    """torch.library.opcheck of both custom ops, and torch.compile (fullgraph) through the forward op and its
+    registered backward, on a small case in two segments with y strided (opcheck runs the ops many times)."""
+    H, segment = 1, 16
+    flat, dz = make_case(20, H, 16, 16, 8, torch.float32, True)
+    leaves = [t.detach().requires_grad_(i not in (6, 7)) for i, t in enumerate(flat)]
+    args = (H, 0.3, segment, list(EPS), NORMALIZER)
+    torch.library.opcheck(torch.ops.lkat_lens.gla_core, (*leaves, *args))
+    saved = torch.ops.lkat_lens.gla_core(*flat, *args)[1:]
+    torch.library.opcheck(torch.ops.lkat_lens.gla_core_backward, (*flat, *saved, dz, *args))
+
+    def fn(operands, heads, seg):
+        return core_of(operands, heads, seg) * 2
+
+    compiled = torch.compile(fn, fullgraph=True, backend="aot_eager")
+    eager = outputs_and_grads(fn, flat, dz, H, segment)
+    traced = outputs_and_grads(compiled, flat, dz, H, segment)
+    return {"opcheck": True, "compile_err": max(rel_max(a, b) for a, b in zip(traced, eager, strict=True))}
+
+
+def _logits_and_grads(model: torch.nn.Module, images: torch.Tensor) -> list[torch.Tensor]:
+    """Logits and every parameter gradient of one backward of the logits' squares."""
+    model.zero_grad()
+    logits = model(images)
+    logits.square().sum().backward()
+    return [logits.detach()] + [p.grad.clone() for p in model.parameters() if p.grad is not None]
+
+
+def _check_model() -> dict:
+    """lkat_micro (two blocks) in fp32 with the short GLA and every path fused, its core as one op and as the pieces
+    (the same kernels), each against the model in fp64 with the modules; whether block 0 takes the core with "fused",
+    with "auto" (the CPU: no), with a hook on hook_q (no, and the hook fires) and with the GLA in mode "torch" (no)."""
+    torch.manual_seed(0)
+    model = lkat_lens.create_model("lkat_micro", num_classes=10, depth=2)
+    images = torch.randn(2, 3, 16, 16, generator=torch.Generator().manual_seed(1))
+    exact = _logits_and_grads(copy.deepcopy(model).double().set_backends(attn="torch"), images.double())
+    model.set_backends(attn="short", gla_input="fused", gla_output="fused", gla_gate="fused")
+    results = {mode: _logits_and_grads(model.set_backends(gla_core=mode), images) for mode in ("torch", "fused")}
+    measured = {
+        "grads": len(exact) - 1,
+        "errors": {mode: max(rel_max(a, b) for a, b in zip(got, exact, strict=True)) for mode, got in results.items()},
+        "core_vs_pieces": max(rel_max(a, b) for a, b in zip(results["fused"], results["torch"], strict=True)),
+    }
+    attn = model.blocks[0].attn
+    y = torch.zeros(1, 17, attn.q_proj.out_features * 4 + attn.gk_proj[0].out_features)
+    measured["fuses"] = attn.fuses_core(y)
+    measured["fuses_auto_cpu"] = model.set_backends(gla_core="auto").blocks[0].attn.fuses_core(y)
+    model.set_backends(gla_core="fused")
+    calls = []
+    handle = attn.hook_q.register_forward_hook(lambda *_: calls.append(1))
+    measured["fuses_hooked"] = attn.fuses_core(y)
+    model(images)
+    handle.remove()
+    measured["hook_calls"] = len(calls)
+    measured["fuses_gla_torch"] = model.set_backends(attn="torch").blocks[0].attn.fuses_core(y)
+    return measured
+
+
+def interpreter_measurements() -> dict:
+    """Every case's measurements (needs TRITON_INTERPRET=1 before triton was imported)."""
+    results = {cid: _measure_case(case) for cid, case in CASES.items()}
+    results["op"] = _check_op_and_compile()
+    results["model"] = _check_model()
+    return results
+
+
+@pytest.fixture(scope="module")
+def interp() -> dict:
+    return triton_interpreter.measurements(__file__, gla_core.INTERPRET, interpreter_measurements)
+
+
+@pytest.mark.parametrize("case_id", list(CASES))
+def test_interpreter_matches_fp64_pieces(interp: dict, case_id: str) -> None:
+    """z and the gradients of y (every piece's columns written by its own kernel) and of every weight against the
+    fp64 composition of the pieces' references."""
+    measured = interp[case_id]
+    assert measured["layout_ok"] and measured["finite"] and measured["no_grad_same"], measured
+    for name in ("z", *GRADS):
+        assert measured[name] <= TOL[CASES[case_id][5]], (name, measured)
+
+
+def test_core_matches_the_pieces_and_modules_in_lkat(interp: dict) -> None:
+    """lkat_micro's logits and every parameter's gradient: the core as one op equals the pieces' kernels up to fp32
+    rounding, and both are within fp32 rounding of the fp64 modules through the network."""
+    measured = interp["model"]
+    errors = measured["errors"]
+    assert measured["grads"] > 25 and errors["torch"] < 1e-3 and errors["fused"] < 1e-3, measured
+    assert measured["core_vs_pieces"] < 1e-5, measured
+
+
+def test_core_runs_only_where_nothing_needs_the_pieces(interp: dict) -> None:
+    """ "fused" takes the core; "auto" on the CPU, a hook on hook_q and the GLA in torch mode do not (the hook fires
+    once, in block 0)."""
+    measured = interp["model"]
+    assert measured["fuses"] and not measured["fuses_auto_cpu"], measured
+    assert not measured["fuses_hooked"] and measured["hook_calls"] == 1, measured
+    assert not measured["fuses_gla_torch"], measured
+
+
+def test_custom_ops_pass_opcheck_and_compile_without_graph_break(interp: dict) -> None:
+    assert interp["op"]["opcheck"] and interp["op"]["compile_err"] < 1e-6, interp["op"]
+
+
+def test_mode_validation() -> None:
+    with pytest.raises(ValueError, match="gla_core must be one of"):
+        lkat_lens.create_model("lkat_micro", num_classes=10).set_backends(gla_core="fast")
+
+
+if __name__ == "__main__":
+    triton_interpreter.report(interpreter_measurements)
