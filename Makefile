@@ -1,6 +1,7 @@
 # Two commands do all set-up on a fresh machine:
 #   make train   -> creates .venv, installs lkat-lens (+ Debian chromium), trains lkat_micro on digits (CPU, ~4 min)
-#   make test    -> the same set-up, then the CPU test suite (browser tests in headless chromium)
+#   make test    -> the same set-up, then the CPU test suite (browser tests in headless chromium): its files spread over
+#                   two processes (pytest-xdist), then the tests that assert a wall-clock budget alone
 PYTHON ?= python3
 VENV   ?= .venv
 BIN    := $(VENV)/bin
@@ -26,7 +27,8 @@ train: setup
 	$(BIN)/python -m lkat_lens.train $(ARGS)
 
 test: setup
-	$(BIN)/python -m pytest -q $(ARGS)
+	$(BIN)/python -m pytest -q -n 2 --dist loadfile -m 'not gpu and not timed' $(ARGS) || [ $$? -eq 5 ]
+	$(BIN)/python -m pytest -q -m 'not gpu and timed' $(ARGS) || [ $$? -eq 5 ]
 
 test-gpu: setup
 	$(BIN)/python -m pytest -q -m gpu tests/gpu $(ARGS)

@@ -1,5 +1,6 @@
 """Shared fixtures: a real (short) digits training run, a seeded lkat_micro and images of its size."""
 
+import os
 from pathlib import Path
 
 import pytest
@@ -10,6 +11,8 @@ import lkat_lens
 from lkat_lens import train
 
 DEFAULT_TORCH_THREADS = torch.get_num_threads()  # before any fixture's training run sets the process's count
+if os.environ.get("PYTEST_XDIST_WORKER"):  # `make test` runs two workers on the 2-core machine: a core each
+    torch.set_num_threads(1)
 
 
 @pytest.fixture(scope="session")

@@ -11,6 +11,7 @@ import pytest
 import torch
 import torch.multiprocessing as mp
 from distributed_worker import NUM_IMAGES, streamed, worker
+from local_server import free_port
 
 import lkat_lens_cli
 from lkat_lens.analyses import distributed_stats
@@ -19,14 +20,6 @@ from lkat_lens.report import grid_span_report
 from lkat_lens.study import Study
 
 RTOL = 1e-6
-
-
-def free_port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def assert_same(got, want, where: str = "") -> None:

@@ -392,6 +392,7 @@ def test_summary_of_a_small_lkat(small_lkat):
 
 
 @pytest.mark.slow
+@pytest.mark.timed
 @pytest.mark.usefixtures("default_torch_threads")
 def test_lkat_base_summary_is_fast():
     """Under 30 s on this project's CPU machine, with torch's default threads (the suite's trainer fixtures leave

@@ -11,6 +11,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from local_server import dash_browser
 from PIL import Image
 from selenium.webdriver.common.action_chains import ActionChains
 from selenium.webdriver.common.keys import Keys
@@ -261,17 +262,8 @@ def test_probes_are_fitted_once(app):
 
 @pytest.fixture(scope="module")
 def browser(app):
-    """The app served on a thread and a headless Chromium on it (dash.testing's composite, no downloads)."""
-    from dash.testing.application_runners import ThreadedRunner
-    from dash.testing.composite import DashComposite
-
-    with (
-        ThreadedRunner() as server,
-        DashComposite(
-            server, browser="chrome", headless=True, percy_run=False, percy_finalize=False, wait_timeout=30
-        ) as duo,
-    ):
-        duo.start_server(app)
+    """The app served on a thread and a headless Chromium on it (local_server.dash_browser)."""
+    with dash_browser(app, wait_timeout=30) as duo:
         yield duo
 
 

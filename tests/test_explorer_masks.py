@@ -3,6 +3,7 @@
 import shutil
 
 import pytest
+from local_server import dash_browser
 from test_explorer import graph_data, open_page
 
 from lkat_lens.apps.explorer import create_app
@@ -33,14 +34,7 @@ def test_overlay_outlines_the_mask_and_the_scores_are_the_studys(app):
 
 @needs_browser
 def test_attributions_tab_shows_mask_and_scores(app):
-    from dash.testing.application_runners import ThreadedRunner
-    from dash.testing.composite import DashComposite
-
-    with (
-        ThreadedRunner() as server,
-        DashComposite(server, browser="chrome", headless=True, percy_run=False, percy_finalize=False) as duo,
-    ):
-        duo.start_server(app)
+    with dash_browser(app) as duo:
         open_page(duo, "?block=0&image=2&head=0&tab=attributions")
         duo.wait_for_contains_text("#attribution-scores", "relevance mass", timeout=60)
         assert "image 2 against its object mask" in duo.find_element("#attribution-scores").text

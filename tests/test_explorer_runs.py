@@ -7,6 +7,7 @@ import shutil
 from pathlib import Path
 
 import pytest
+from local_server import dash_browser
 from selenium.webdriver.common.keys import Keys
 from selenium.webdriver.support.ui import WebDriverWait
 
@@ -66,15 +67,8 @@ def test_training_view_reads_the_run(run_dir):
 
 @pytest.mark.skipif(not BROWSER, reason="needs Debian's chromium and chromium-driver on PATH")
 def test_training_tab_in_the_browser(run_dir):
-    from dash.testing.application_runners import ThreadedRunner
-    from dash.testing.composite import DashComposite
-
     app = create_app(run_dir, num_images=8, edges=3, probe_images=32)
-    with (
-        ThreadedRunner() as server,
-        DashComposite(server, browser="chrome", headless=True, percy_run=False, percy_finalize=False) as duo,
-    ):
-        duo.start_server(app)
+    with dash_browser(app) as duo:
         duo.wait_for_page(url=duo.server_url + "/?block=1&tab=training&compare=2")
         script = (
             "const g = document.querySelector('#' + arguments[0] + ' .js-plotly-plot');"

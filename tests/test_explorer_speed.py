@@ -50,6 +50,7 @@ def switch_to(app, block: int) -> float:
     return time.perf_counter() - start
 
 
+@pytest.mark.timed
 def test_lkat_base_block_switch_is_fast(base_app, capsys):
     ckpt = base_app.explorer_state[0]
     assert (ckpt.num_blocks, ckpt.num_heads, ckpt.grid_size) == (12, 12, (14, 14))

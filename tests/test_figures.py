@@ -227,6 +227,7 @@ def test_cli_html_without_browser(digits_checkpoint, tmp_path, monkeypatch, caps
         assert (runs[0] / name).read_bytes() == (runs[1] / name).read_bytes(), name
 
 
+@pytest.mark.timed
 def test_lkat_base_edge_grids_build_fast():
     """All 24 edge-function grids of a random-weight LKAT-B (real importance over two images) build in < 60 s."""
     import time

@@ -8,7 +8,6 @@ to the same request, and the server's resident memory is sampled throughout.
 from __future__ import annotations
 
 import json
-import socket
 import subprocess
 import sys
 import threading
@@ -19,18 +18,13 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
+from local_server import free_port
 
 from lkat_lens.apps.explorer import MAX_REQUEST_BYTES
 
 CLIENTS, REQUESTS_PER_CLIENT = 20, 50
 MEMORY_GROWTH_LIMIT_MB = 400  # peak RSS under load minus RSS after warm-up
 LEAK_LIMIT_MB = 40  # RSS after the second half of the load minus after the first half
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def rss_mb(pid: int) -> float:
