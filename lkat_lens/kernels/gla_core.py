@@ -10,8 +10,11 @@ straight into that piece's columns of one [B, T, P] gradient, which the projecti
 
 Why: with the pieces as separate ops, each returns its own gradient, and autograd (under torch.compile, inductor)
 concatenates the five into the [rows, P] matrix, one kernel that reads and writes the whole of it in every layer:
-`triton_poi_fused_cat_view` took 0.53 ms of LKAT-T's 14.55 ms compiled training step (H100, batch 128,
-benchmarks/README.md). The values are the pieces' own: the same kernels with the same operands.
+`triton_poi_fused_cat_view` took 0.31-0.53 ms of LKAT-T's ~14.6 ms compiled training step and 1.24 ms of LKAT-B's
+(H100, batch 128). With the core the step took 14.03 instead of 14.64 ms of kernels (LKAT-T; LKAT-S 26.83 / 27.40,
+LKAT-B 58.14 / 59.64; benchmarks/README.md). The values are the pieces' own: the same kernels, the same operands.
+The backward holds the saved tensors until its last kernel (the pieces free each after their own): 0.5-2 MiB more
+per image at the training step's peak.
 
 The model takes this op when all three paths around the GLA take their kernels, the GLA takes the short kernels and
 no hook point between the pieces is hooked (VisionGLA.fuses_core); otherwise it runs the pieces. With TRITON_INTERPRET=1
