@@ -209,10 +209,11 @@ def gla_layer() -> torch.nn.Module:
 
 
 def test_stacked_projection_is_the_five_linears(gla_layer):
-    """VisionGLA.project (one matmul of stacked weights) equals q/k/v/g_proj and gk_proj[0] applied one by one."""
+    """VisionGLA.project_stacked (one matmul of stacked weights), split, equals q/k/v/g_proj and gk_proj[0] applied
+    one by one."""
     x = torch.randn(2, 21, 64)
     linears = (gla_layer.q_proj, gla_layer.k_proj, gla_layer.v_proj, gla_layer.g_proj, gla_layer.gk_proj[0])
-    for got, linear in zip(gla_layer.project(x), linears, strict=True):
+    for got, linear in zip(gla_layer.split_projection(gla_layer.project_stacked(x)), linears, strict=True):
         want = linear(x)
         assert got.shape == want.shape and torch.allclose(got, want, rtol=1e-5, atol=1e-6 * want.abs().max().item())
 

@@ -172,7 +172,7 @@ class VisionGLA(nn.Module):
         return (pattern @ v.transpose(1, 2).to(pattern.dtype)).transpose(1, 2).to(v.dtype)
 
     def projections(self) -> tuple[nn.Linear, ...]:
-        """The Linears `project` stacks, in its order: q, k, v, the output gate g, the gate's low-rank code."""
+        """The Linears `project_stacked` stacks, in its order: q, k, v, the output gate g, the gate's low-rank code."""
         return (self.q_proj, self.k_proj, self.v_proj, self.g_proj, self.gk_proj[0])
 
     def project_stacked(self, x: torch.Tensor) -> torch.Tensor:
@@ -186,9 +186,10 @@ class VisionGLA(nn.Module):
         y = F.linear(x.flatten(0, -2), torch.cat([m.weight for m in self.projections()]))
         return y.unflatten(0, x.shape[:-1])
 
-    def project(self, x: torch.Tensor) -> tuple[torch.Tensor, ...]:
-        """project_stacked(x) split into the outputs of q_proj, k_proj, v_proj, g_proj and the gate's first Linear."""
-        return self.project_stacked(x).split([m.out_features for m in self.projections()], dim=-1)
+    def split_projection(self, y: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        """project_stacked's output as the outputs of q_proj, k_proj, v_proj, g_proj and the gate's first Linear
+        (views)."""
+        return y.split([m.out_features for m in self.projections()], dim=-1)
 
     def input_modules(self) -> tuple[nn.Module, ...]:
         """The modules between the projections and the GLA (convolutions, q/k norms, RoPE)."""
@@ -228,7 +229,7 @@ class VisionGLA(nn.Module):
     def pieces(self, y: torch.Tensor) -> torch.Tensor:
         """The gated heads [B, T, H, V] of the stacked projection output y, piece by piece through the hook points."""
         heads, v_heads = (self.num_heads, self.head_dim), (self.num_heads, self.head_v_dim)
-        q, k, v, g, gate_code = y.split([m.out_features for m in self.projections()], dim=-1)
+        q, k, v, g, gate_code = self.split_projection(y)
         q, k, v = self.inputs(q, k, v)
         v = self.hook_v(v)
         q, k = self.hook_q(q), self.hook_k(k)
@@ -246,7 +247,7 @@ class VisionGLA(nn.Module):
         K, V = self.head_dim, self.head_v_dim
         if kernel_path(self.mode, y.device, y.shape[1], y.dtype, K, V) != "short" or not gla_short.supports(K, V):
             return False
-        q, _, _, g, code = y.split([m.out_features for m in self.projections()], dim=-1)
+        q, _, _, g, code = self.split_projection(y)
         g = g.unflatten(-1, (self.num_heads, V))
         norms = (self.q_norm.weight, self.k_norm.weight)
         return (
