@@ -115,14 +115,6 @@ def _check_op_and_compile() -> dict:
     return {"opcheck": True, "compile_err": max(rel_max(a, b) for a, b in zip(traced, eager, strict=True))}
 
 
-def _logits_and_grads(model: torch.nn.Module, images: torch.Tensor) -> list[torch.Tensor]:
-    """Logits and every parameter gradient of one backward of the logits' squares."""
-    model.zero_grad()
-    logits = model(images)
-    logits.square().sum().backward()
-    return [logits.detach()] + [p.grad.clone() for p in model.parameters() if p.grad is not None]
-
-
 def _check_model() -> dict:
     """lkat_micro (two blocks) in fp32 with the short GLA and every path fused, its core as one op and as the pieces
     (the same kernels), each against the model in fp64 with the modules; whether block 0 takes the core with "fused",
@@ -130,9 +122,9 @@ def _check_model() -> dict:
     torch.manual_seed(0)
     model = lkat_lens.create_model("lkat_micro", num_classes=10, depth=2)
     images = torch.randn(2, 3, 16, 16, generator=torch.Generator().manual_seed(1))
-    exact = _logits_and_grads(copy.deepcopy(model).double().set_backends(attn="torch"), images.double())
+    exact = triton_interpreter.logits_and_grads(copy.deepcopy(model).double(), images.double(), attn="torch")
     model.set_backends(attn="short", gla_input="fused", gla_output="fused", gla_gate="fused")
-    results = {mode: _logits_and_grads(model.set_backends(gla_core=mode), images) for mode in ("torch", "fused")}
+    results = {mode: triton_interpreter.logits_and_grads(model, images, gla_core=mode) for mode in ("torch", "fused")}
     measured = {
         "grads": len(exact) - 1,
         "errors": {mode: max(rel_max(a, b) for a, b in zip(got, exact, strict=True)) for mode, got in results.items()},

@@ -39,7 +39,7 @@ def report(measure: Callable[[], dict]) -> None:
     print(PREFIX + json.dumps(measure()))
 
 
-def _logits_and_grads(model: torch.nn.Module, images: torch.Tensor, **backends: str) -> list[torch.Tensor]:
+def logits_and_grads(model: torch.nn.Module, images: torch.Tensor, **backends: str) -> list[torch.Tensor]:
     """Logits and every parameter gradient of one backward of the logits' squares, with set_backends(**backends)."""
     model.set_backends(**backends)
     model.zero_grad()
@@ -51,10 +51,10 @@ def _logits_and_grads(model: torch.nn.Module, images: torch.Tensor, **backends: 
 def path_errors(model: torch.nn.Module, images: torch.Tensor, backend: str) -> tuple[dict[str, float], int]:
     """({mode: largest relative error of the logits and parameter gradients}, gradients compared) of `model` with its
     `backend` path (a set_backends keyword) in modes "torch" and "fused", each against a float64 copy in "torch"."""
-    exact = _logits_and_grads(copy.deepcopy(model).double(), images.double(), **{backend: "torch"})
+    exact = logits_and_grads(copy.deepcopy(model).double(), images.double(), **{backend: "torch"})
     errors = {}
     for mode in ("torch", "fused"):
-        results = _logits_and_grads(model, images, **{backend: mode})
+        results = logits_and_grads(model, images, **{backend: mode})
         errors[mode] = max(rel_max(a, b) for a, b in zip(results, exact, strict=True))
     return errors, len(exact) - 1
 
