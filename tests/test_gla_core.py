@@ -190,7 +190,10 @@ def test_custom_ops_pass_opcheck_and_compile_without_graph_break(interp: dict) -
     assert interp["op"]["opcheck"] and interp["op"]["compile_err"] < 1e-6, interp["op"]
 
 
-def test_mode_validation() -> None:
+def test_input_validation() -> None:
+    flat, _ = make_case(5, 1, 16, 16, 8, torch.float32, False)
+    with pytest.raises(ValueError, match=r"y \[B, T, 2 K \+ 2 V \+ R\] = \[B, T, 72\]"):
+        core_of([flat[0][..., :-1], *flat[1:]], 1, 0)
     with pytest.raises(ValueError, match="gla_core must be one of"):
         lkat_lens.create_model("lkat_micro", num_classes=10).set_backends(gla_core="fast")
 

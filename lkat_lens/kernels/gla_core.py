@@ -167,6 +167,7 @@ _TENSORS = 12  # the forward's tensor inputs; its scalar arguments follow
 
 def _setup_context(ctx, inputs: tuple, output: tuple) -> None:
     ctx.mark_non_differentiable(*output[1:])
+    ctx.set_materialize_grads(False)  # no zero gradients for the six saved outputs (48 fills an eager LKAT-T step)
     ctx.save_for_backward(*inputs[:_TENSORS], *output[1:])
     ctx.args = inputs[_TENSORS:]
 
@@ -204,8 +205,14 @@ def gla_core(
     q, k, v short convolutions' weights [D, 1, TAPS], norms the q and k RMSNorm weights [K / H], rotary the RoPE tables
     cos, sin [T, K / H], gate the forget gate's second Linear (weight [K, R], bias [K]), out_norm g_norm's weight and
     bias [V / H]; segment is gla_short's, eps q_norm's, k_norm's and g_norm's, normalizer gate_logit_normalizer.
-    Gradients reach y and every weight (not the rotary tables). The caller checks that the pieces' kernels take their
-    operands (VisionGLA.fuses_core)."""
+    Gradients reach y and every weight (not the rotary tables). Beyond y's shape and device, the caller checks that the
+    pieces' kernels take their operands (VisionGLA.fuses_core)."""
+    width = 2 * (convs[0].shape[0] + convs[2].shape[0]) + gate[0].shape[1]
+    if y.dim() != 3 or y.shape[-1] != width or not (y.is_cuda or INTERPRET):
+        raise ValueError(
+            f"gla_core needs y [B, T, 2 K + 2 V + R] = [B, T, {width}] on CUDA (or the Triton interpreter) for these "
+            f"weights; got {tuple(y.shape)} on {y.device}"
+        )
     y_eps = [float(e) for e in eps]
     args = (heads, float(scale), int(segment), y_eps, float(normalizer))
     return _gla_core(y, *convs, *norms, *rotary, *gate, *out_norm, *args)[0]
