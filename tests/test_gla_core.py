@@ -25,7 +25,7 @@ from lkat_lens.kernels.gla_input import gla_input_reference
 GRADS = ("dy", "dconv_q", "dconv_k", "dconv_v", "dnorm_q", "dnorm_k", "dgate_w", "dgate_b", "dout_w", "dout_b")
 TOL = {"float32": 1e-5, "bfloat16": 3e-2}
 EPS = (1e-6, 1e-5, 1e-5)  # q_norm's, k_norm's, g_norm's
-NORMALIZER = 16.0
+NORMALIZER, SCALE = 16.0, 0.3
 # id -> (T, H, K (head), V (head), R, dtype, segment, y a column slice of a wider tensor)
 CASES = {
     f"T{T}-H{H}-K{K}-V{V}-R{R}-{dtype}-s{seg}{'-sliced' if sliced else ''}": (T, H, K, V, R, dtype, seg, sliced)
@@ -37,26 +37,29 @@ CASES = {
 }
 
 
-def make_case(T: int, H: int, K: int, V: int, R: int, dtype: torch.dtype, sliced: bool) -> tuple[list, torch.Tensor]:
-    """([y, the 11 weights and tables as gla_core takes them, flat], z's gradient): y [2, T, P] in dtype, the rest
-    fp32 (y a column slice of a wider tensor when `sliced`)."""
+def make_case(
+    T: int, H: int, K: int, V: int, R: int, dtype: torch.dtype, sliced: bool, batch: int = 2, device: str = "cpu"
+) -> tuple[list, torch.Tensor]:
+    """([y, the 11 weights and tables as gla_core takes them, flat], z's gradient) on `device`: y [batch, T, P] in
+    dtype, the rest fp32 (y a column slice of a wider tensor when `sliced`)."""
     gen = torch.Generator().manual_seed(0)
     kd, vd = H * K, H * V
     width = 2 * kd + 2 * vd + R
-    y = torch.randn(2, T, width + (5 if sliced else 0), generator=gen)[..., :width].to(dtype)
+    y = torch.randn(batch, T, width + (5 if sliced else 0), generator=gen)[..., :width].to(dtype)
     convs = [torch.randn(d, 1, 4, generator=gen) * 0.5 for d in (kd, kd, vd)]
     norms = [1 + 0.1 * torch.randn(K, generator=gen) for _ in range(2)]
     angles = torch.randn(T, K // 2, generator=gen).repeat_interleave(2, -1)
     gate = [torch.randn(kd, R, generator=gen) * R**-0.5, torch.randn(kd, generator=gen)]
     out_norm = [1 + 0.1 * torch.randn(V, generator=gen), 0.1 * torch.randn(V, generator=gen)]
-    return [y, *convs, *norms, angles.cos(), angles.sin(), *gate, *out_norm], torch.randn(2, T, H, V, generator=gen)
+    flat = [y, *convs, *norms, angles.cos(), angles.sin(), *gate, *out_norm]
+    return [t.to(device) for t in flat], torch.randn(batch, T, H, V, generator=gen).to(device)
 
 
 def core_of(flat: list, heads: int, segment: int) -> torch.Tensor:
     """gla_core of make_case's flat operands."""
     y, cq, ck, cv, nq, nk, cos, sin, gw, gb, ow, ob = flat
     return gla_core.gla_core(y, (cq, ck, cv), (nq, nk), (cos, sin), (gw, gb), (ow, ob), heads=heads,
-                             scale=0.3, segment=segment, eps=EPS, normalizer=NORMALIZER)  # fmt: skip
+                             scale=SCALE, segment=segment, eps=EPS, normalizer=NORMALIZER)  # fmt: skip
 
 
 def reference_of(flat: list, heads: int, segment: int) -> torch.Tensor:
@@ -68,13 +71,18 @@ def reference_of(flat: list, heads: int, segment: int) -> torch.Tensor:
     k = gla_input_reference(yk, ck, nk, cos, sin, heads, EPS[1])
     v = gla_input_reference(yv, cv, None, None, None, heads, 0.0)
     gk = gla_gate_reference(code, gw, gb, NORMALIZER).unflatten(-1, (heads, -1))
-    o = gla_recurrent(q, k, v, gk, scale=0.3)[0]
+    o = gla_recurrent(q, k, v, gk, scale=SCALE)[0]
     return gated_norm_reference(o, yg.unflatten(-1, (heads, -1)), ow, ob, EPS[2])
+
+
+def leaves_of(flat: list) -> list[torch.Tensor]:
+    """make_case's operands as leaves, all but the rotary tables (flat[6:8]) requiring gradients."""
+    return [t.detach().requires_grad_(i not in (6, 7)) for i, t in enumerate(flat)]
 
 
 def outputs_and_grads(fn, flat: list, dz: torch.Tensor, heads: int, segment: int) -> list[torch.Tensor]:
     """fn's z and the gradients of sum(z * dz) w.r.t. y and every weight (not the rotary tables)."""
-    leaves = [t.detach().requires_grad_(i not in (6, 7)) for i, t in enumerate(flat)]
+    leaves = leaves_of(flat)
     z = fn(leaves, heads, segment)
     grads = torch.autograd.grad(z, [t for t in leaves if t.requires_grad], dz.to(z.dtype))
     return [z.detach(), *grads]
@@ -100,9 +108,8 @@ def _check_op_and_compile() -> dict:
     registered backward, on a small case in two segments with y strided (opcheck runs the ops many times)."""
     H, segment = 1, 16
     flat, dz = make_case(20, H, 16, 16, 8, torch.float32, True)
-    leaves = [t.detach().requires_grad_(i not in (6, 7)) for i, t in enumerate(flat)]
-    args = (H, 0.3, segment, list(EPS), NORMALIZER)
-    torch.library.opcheck(torch.ops.lkat_lens.gla_core, (*leaves, *args))
+    args = (H, SCALE, segment, list(EPS), NORMALIZER)
+    torch.library.opcheck(torch.ops.lkat_lens.gla_core, (*leaves_of(flat), *args))
     saved = torch.ops.lkat_lens.gla_core(*flat, *args)[1:]
     torch.library.opcheck(torch.ops.lkat_lens.gla_core_backward, (*flat, *saved, dz, *args))
 

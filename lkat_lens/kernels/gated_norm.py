@@ -212,10 +212,15 @@ def _setup_context(ctx, inputs: tuple, output: torch.Tensor) -> None:
     ctx.eps = eps
 
 
+def affine_grads(d_affine: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """The weight's and the bias's gradients, in their dtypes, from gated_norm_bwd's d_affine."""
+    return d_affine[0].to(weight.dtype), d_affine[1].to(bias.dtype)
+
+
 def _backward(ctx, dout: torch.Tensor, kernel) -> tuple:
     o, g, weight, bias = ctx.saved_tensors
     do, dg, d_affine = kernel(o, g, weight, bias, dout, ctx.eps)
-    return do, dg, d_affine[0].to(weight.dtype), d_affine[1].to(bias.dtype), None
+    return do, dg, *affine_grads(d_affine, weight, bias), None
 
 
 _gated_norm = differentiable(

@@ -26,7 +26,9 @@ from __future__ import annotations
 import torch
 
 from .autograd_ops import ANY_STRIDES, Kernel, differentiable
+from .gated_norm import affine_grads as norm_affine_grads
 from .gated_norm import gated_norm_bwd, gated_norm_fwd
+from .gla_gate import affine_grads as gate_affine_grads
 from .gla_gate import gla_gate_bwd, gla_gate_fwd
 from .gla_input import gla_input_bwd, gla_input_fwd
 from .gla_short import INTERPRET, empty_states, gla_short_bwd, gla_short_fwd
@@ -176,10 +178,10 @@ def _backward(ctx, dz: torch.Tensor, *_saved_grads, kernel) -> tuple:
     saved = ctx.saved_tensors
     dy, d_conv_q, d_conv_k, d_conv_v, d_norm_q, d_norm_k, d_gate, d_out = kernel(*saved, dz, *ctx.args)
     gate_weight, gate_bias, out_weight, out_bias = saved[8:_TENSORS]
-    rank = gate_weight.shape[1]
-    affine = (d_gate[:rank].t().to(gate_weight.dtype), d_gate[rank].to(gate_bias.dtype))
-    return (dy, d_conv_q, d_conv_k, d_conv_v, d_norm_q, d_norm_k, None, None, *affine,
-            d_out[0].to(out_weight.dtype), d_out[1].to(out_bias.dtype), *[None] * len(ctx.args))  # fmt: skip
+    gate = gate_affine_grads(d_gate, gate_weight, gate_bias)
+    out_norm = norm_affine_grads(d_out, out_weight, out_bias)
+    return (dy, d_conv_q, d_conv_k, d_conv_v, d_norm_q, d_norm_k, None, None, *gate, *out_norm,
+            *[None] * len(ctx.args))  # fmt: skip
 
 
 _gla_core = differentiable(

@@ -232,11 +232,16 @@ def _setup_context(ctx, inputs: tuple, output: torch.Tensor) -> None:
     ctx.normalizer = normalizer
 
 
+def affine_grads(d_affine: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """The weight's and the bias's gradients, in their dtypes, from gla_gate_bwd's d_affine."""
+    R = weight.shape[1]
+    return d_affine[:R].t().to(weight.dtype), d_affine[R].to(bias.dtype)
+
+
 def _backward(ctx, dgk: torch.Tensor, kernel) -> tuple:
     code, weight, bias = ctx.saved_tensors
     dcode, d_affine = kernel(code, weight, bias, dgk, ctx.normalizer)
-    R = weight.shape[1]
-    return dcode, d_affine[:R].t().to(weight.dtype), d_affine[R].to(bias.dtype), None
+    return dcode, *affine_grads(d_affine, weight, bias), None
 
 
 _gla_gate = differentiable(
