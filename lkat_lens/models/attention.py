@@ -25,7 +25,7 @@ from lkat_lens.kernels.gla_input import gla_input
 from lkat_lens.kernels.gla_input import supports as fused_input_supports
 from lkat_lens.kernels.log_gate import log_gate
 
-from .hooks import HookPoint
+from .hooks import HookPoint, is_hooked
 from .rope import make_rope
 
 INPUT_MODES = ("auto", "fused", "torch")
@@ -83,7 +83,7 @@ def softmax_attention(
     q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float, hook_pattern: HookPoint, dropout: float = 0.0
 ) -> torch.Tensor:
     """Softmax attention [B,H,T,dv] of heads-first q, k, v; with `hook_pattern` hooked, o = hook_pattern(P) @ v."""
-    if not hook_pattern.active:
+    if not is_hooked(hook_pattern):
         return F.scaled_dot_product_attention(q, k, v, dropout_p=dropout, scale=scale)
     pattern = hook_pattern(torch.softmax((q @ k.transpose(-1, -2)).float() * scale, dim=-1))
     return F.dropout(pattern.to(v.dtype), dropout, training=dropout > 0) @ v
@@ -137,6 +137,7 @@ class VisionGLA(nn.Module):
                 f"{expand_v}) must be divisible by num_heads {num_heads}"
             )
         self.num_heads, self.head_dim, self.head_v_dim = num_heads, key_dim // num_heads, value_dim // num_heads
+        self.scale = self.head_dim**-0.5  # the query scale; a plain attribute, not a property (see hooks.is_hooked)
         self.gate_logit_normalizer, self.mode = gate_logit_normalizer, mode
         self.input_mode, self.output_mode, self.gate_mode, self.core_mode = "auto", "auto", "auto", "auto"
         self.q_proj = nn.Linear(dim, key_dim, bias=False)
@@ -159,14 +160,9 @@ class VisionGLA(nn.Module):
         self.hook_gk, self.hook_pattern, self.hook_out = HookPoint(), HookPoint(), HookPoint()
         self.hook_z = HookPoint()  # per-head outputs [B,T,H,V] after g_norm and the output gate, before o_proj
 
-    @property
-    def scale(self) -> float:
-        """Query scale head_dim^-1/2."""
-        return self.head_dim**-0.5
-
     def mix(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, gk: torch.Tensor) -> torch.Tensor:
         """GLA output [B,T,H,V]; with hook_pattern hooked, hook_pattern(A) @ v for the implicit attention A."""
-        if not self.hook_pattern.active:
+        if not is_hooked(self.hook_pattern):
             return gated_linear_attention(q, k, v, gk, scale=self.scale, mode=self.mode)
         pattern = self.hook_pattern(implicit_attention(q, k, gk, scale=self.scale))
         return (pattern @ v.transpose(1, 2).to(pattern.dtype)).transpose(1, 2).to(v.dtype)
@@ -241,7 +237,7 @@ class VisionGLA(nn.Module):
         """Whether the core of this stacked projection output takes the one op (see core_mode)."""
         check_input_mode(self.core_mode, "gla_core")
         if not _takes_kernel(self.core_mode, y) or any(
-            p.active for p in (self.hook_q, self.hook_k, self.hook_v, self.hook_gk, self.hook_pattern)
+            is_hooked(p) for p in (self.hook_q, self.hook_k, self.hook_v, self.hook_gk, self.hook_pattern)
         ):
             return False
         K, V = self.head_dim, self.head_v_dim
@@ -333,6 +329,7 @@ class SoftmaxAttention(nn.Module):
         if dim % num_heads:
             raise ValueError(f"dim {dim} is not divisible by num_heads {num_heads}")
         self.num_heads, self.head_dim, self.attn_drop = num_heads, dim // num_heads, attn_drop
+        self.scale = self.head_dim**-0.5  # the query scale
         self.qkv = nn.Linear(dim, 3 * dim, bias=qkv_bias)
         self.q_norm = RmsNorm(self.head_dim, eps=1e-6)
         self.k_norm = RmsNorm(self.head_dim, eps=1e-6)
@@ -340,11 +337,6 @@ class SoftmaxAttention(nn.Module):
         self.hook_q, self.hook_k, self.hook_v = HookPoint(), HookPoint(), HookPoint()
         self.hook_pattern, self.hook_out = HookPoint(), HookPoint()
         self.hook_z = HookPoint()  # per-head outputs [B,T,H,dh] before proj
-
-    @property
-    def scale(self) -> float:
-        """Query scale head_dim^-1/2."""
-        return self.head_dim**-0.5
 
     def rotate(self, x: torch.Tensor) -> torch.Tensor:
         """The position rotation of q or k [B, T, H, dh]."""

@@ -25,7 +25,7 @@ from timm.models.mlp_mixer import MlpMixer
 from timm.models.vision_transformer import Attention, VisionTransformer
 from torch import nn
 
-from .hooks import HookedModel, HookPoint
+from .hooks import HookedModel, HookPoint, is_hooked
 
 
 class HookedTimm(HookedModel):
@@ -122,7 +122,7 @@ def attend(attn: Attention, x: torch.Tensor, pattern: torch.Tensor, v: torch.Ten
 def _attention_hook(
     attn: Attention, args: tuple[Any, ...], kwargs: dict[str, Any], output: torch.Tensor
 ) -> torch.Tensor:
-    if attn.hook_pattern.active:
+    if is_hooked(attn.hook_pattern):
         if kwargs.get("attn_mask") is not None or kwargs.get("is_causal", False):
             raise ValueError("hook_pattern does not support attention masks")
         x = args[0] if args else kwargs["x"]

@@ -27,13 +27,20 @@ class HookPoint(nn.Module):
     @property
     def active(self) -> bool:
         """Whether any forward hook is attached (lets models skip work done only for hooks)."""
-        return bool(self._forward_hooks)
+        return is_hooked(self)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return x
 
     def extra_repr(self) -> str:
         return self.name
+
+
+def is_hooked(point: HookPoint) -> bool:
+    """Whether any forward hook is attached to `point` (its `active`). Forward code calls this function rather than
+    the property: torch.compile's guards skip an unchanged module's whole subtree only where the traced code reads
+    no property (torch._dynamo's recursive dict tags)."""
+    return bool(point._forward_hooks)
 
 
 # TransformerLens activation names that are spelled differently here (its get_act_name), -> our hook suffix

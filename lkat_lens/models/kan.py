@@ -108,6 +108,11 @@ class KANLayer(nn.Module):
     @property
     def grid_weights(self) -> torch.Tensor:
         """The per-curve grid weights: [1, G] (shared) or [in, G] (channel)."""
+        return self.curve_weights()
+
+    def curve_weights(self) -> torch.Tensor:
+        """`grid_weights` as a method, for forward: torch.compile's guards skip an unchanged module only where the
+        traced code reads no property (see hooks.is_hooked)."""
         return self.grid_linear.weight if self.basis == "shared" else self.grid_weight
 
     # ------------------------------------------------------------------ what analyses read (docs/architecture.md)
@@ -200,11 +205,12 @@ class KANLayer(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         x_in = self.hook_in(self.layernorm(x) if self.layernorm is not None else x)
-        grid = (self.grid_min, self.grid_max)
+        rbf = self.rbf
+        grid = (rbf.grid_min, rbf.grid_max)
         if self.basis == "edge":
-            y = edge_kan_linear(x_in, self.spline_linear.weight, *grid, self.num_grids, backend=self.kernel_backend)
+            y = edge_kan_linear(x_in, self.spline_linear.weight, *grid, rbf.num_grids, backend=self.kernel_backend)
         else:
-            y = kan_linear(x_in, self.grid_weights, self.dim_linear.weight, *grid, backend=self.kernel_backend)
+            y = kan_linear(x_in, self.curve_weights(), self.dim_linear.weight, *grid, backend=self.kernel_backend)
         if self.base_linear is not None:
             y = y + self.base_linear(F.silu(x))
         if self.gat_resid is not None:
