@@ -24,8 +24,9 @@ from lkat_lens.kernels.gla_input import gla_input_reference
 
 GRADS = ("dy", "dconv_q", "dconv_k", "dconv_v", "dnorm_q", "dnorm_k", "dgate_w", "dgate_b", "dout_w", "dout_b")
 TOL = {"float32": 1e-5, "bfloat16": 3e-2}
+HANDOFF_FACTOR = 1.5
 EPS = (1e-6, 1e-5, 1e-5)  # q_norm's, k_norm's, g_norm's
-NORMALIZER, SCALE = 16.0, 0.3
+NORMALIZER = 16.0
 # id -> (T, H, K (head), V (head), R, dtype, segment, y a column slice of a wider tensor)
 CASES = {
     f"T{T}-H{H}-K{K}-V{V}-R{R}-{dtype}-s{seg}{'-sliced' if sliced else ''}": (T, H, K, V, R, dtype, seg, sliced)
@@ -55,24 +56,48 @@ def make_case(
     return [t.to(device) for t in flat], torch.randn(batch, T, H, V, generator=gen).to(device)
 
 
+def scale_of(flat: list, heads: int) -> float:
+    """The query scale LKAT gives heads of make_case's key width: head_dim^-1/2."""
+    return (flat[1].shape[0] // heads) ** -0.5
+
+
 def core_of(flat: list, heads: int, segment: int) -> torch.Tensor:
     """gla_core of make_case's flat operands."""
     y, cq, ck, cv, nq, nk, cos, sin, gw, gb, ow, ob = flat
     return gla_core.gla_core(y, (cq, ck, cv), (nq, nk), (cos, sin), (gw, gb), (ow, ob), heads=heads,
-                             scale=SCALE, segment=segment, eps=EPS, normalizer=NORMALIZER)  # fmt: skip
+                             scale=scale_of(flat, heads), segment=segment, eps=EPS, normalizer=NORMALIZER)  # fmt: skip
 
 
-def reference_of(flat: list, heads: int, segment: int) -> torch.Tensor:
-    """The same from the pieces' torch references and the plain GLA recurrence (segment plays no part)."""
+def reference_of(flat: list, heads: int, segment: int, handoff: torch.dtype | None = None) -> torch.Tensor:
+    """The same from the pieces' torch references and the plain GLA recurrence (segment plays no part); with
+    `handoff`, q, k, v and the GLA output rounded to that dtype where the pieces hand them on."""
     y, cq, ck, cv, nq, nk, cos, sin, gw, gb, ow, ob = flat
     kd, vd = cq.shape[0], cv.shape[0]
     yq, yk, yv, yg, code = y.split([kd, kd, vd, vd, y.shape[-1] - 2 * (kd + vd)], dim=-1)
-    q = gla_input_reference(yq, cq, nq, cos, sin, heads, EPS[0])
-    k = gla_input_reference(yk, ck, nk, cos, sin, heads, EPS[1])
-    v = gla_input_reference(yv, cv, None, None, None, heads, 0.0)
+
+    def handed_on(t: torch.Tensor) -> torch.Tensor:
+        return t if handoff is None else t.to(handoff).to(t.dtype)
+
+    q = handed_on(gla_input_reference(yq, cq, nq, cos, sin, heads, EPS[0]))
+    k = handed_on(gla_input_reference(yk, ck, nk, cos, sin, heads, EPS[1]))
+    v = handed_on(gla_input_reference(yv, cv, None, None, None, heads, 0.0))
     gk = gla_gate_reference(code, gw, gb, NORMALIZER).unflatten(-1, (heads, -1))
-    o = gla_recurrent(q, k, v, gk, scale=SCALE)[0]
+    o = handed_on(gla_recurrent(q, k, v, gk, scale=scale_of(flat, heads))[0])
     return gated_norm_reference(o, yg.unflatten(-1, (heads, -1)), ow, ob, EPS[2])
+
+
+def handoff_errors(flat: list, dz: torch.Tensor, heads: int, ref: list[torch.Tensor]) -> dict[str, float]:
+    """The errors against the fp64 `ref` of fp32 arithmetic with the pieces' hand-offs (q, k, v, the GLA output)
+    rounded to y's dtype: what storing them in that dtype alone costs. In bf16 some operands make it large (at
+    LKAT-T's heads, T = 201, make_case's draw puts dy 0.14 off through the hand-offs alone)."""
+    fp32 = [t.float() for t in flat]
+    got = outputs_and_grads(lambda *a: reference_of(*a, handoff=flat[0].dtype), fp32, dz.float(), heads, 0)
+    return {name: rel_max(a, b) for name, a, b in zip(("z", *GRADS), got, ref, strict=True)}
+
+
+def bound(dtype: str, handoff_error: float) -> float:
+    """The core's allowed error against fp64: TOL, or within 1.5× of what the hand-offs alone cost."""
+    return max(TOL[dtype], HANDOFF_FACTOR * handoff_error)
 
 
 def leaves_of(flat: list) -> list[torch.Tensor]:
@@ -94,6 +119,7 @@ def _measure_case(case: tuple) -> dict:
     got = outputs_and_grads(core_of, flat, dz, H, segment)
     ref = outputs_and_grads(reference_of, [t.double() for t in flat], dz.double(), H, segment)
     errors = {name: rel_max(a, b) for name, a, b in zip(("z", *GRADS), got, ref, strict=True)}
+    errors["handoff"] = handoff_errors(flat, dz, H, ref)
     shapes = [tuple(t.shape) for t in flat if t is not flat[6] and t is not flat[7]]
     errors["layout_ok"] = [tuple(t.shape) for t in got[1:]] == shapes and got[1].dtype == flat[0].dtype
     errors["finite"] = all(bool(torch.isfinite(t).all()) for t in got)
@@ -108,7 +134,7 @@ def _check_op_and_compile() -> dict:
     registered backward, on a small case in two segments with y strided (opcheck runs the ops many times)."""
     H, segment = 1, 16
     flat, dz = make_case(20, H, 16, 16, 8, torch.float32, True)
-    args = (H, SCALE, segment, list(EPS), NORMALIZER)
+    args = (H, scale_of(flat, H), segment, list(EPS), NORMALIZER)
     torch.library.opcheck(torch.ops.lkat_lens.gla_core, (*leaves_of(flat), *args))
     saved = torch.ops.lkat_lens.gla_core(*flat, *args)[1:]
     torch.library.opcheck(torch.ops.lkat_lens.gla_core_backward, (*flat, *saved, dz, *args))
@@ -172,7 +198,7 @@ def test_interpreter_matches_fp64_pieces(interp: dict, case_id: str) -> None:
     measured = interp[case_id]
     assert measured["layout_ok"] and measured["finite"] and measured["no_grad_same"], measured
     for name in ("z", *GRADS):
-        assert measured[name] <= TOL[CASES[case_id][5]], (name, measured)
+        assert measured[name] <= bound(CASES[case_id][5], measured["handoff"][name]), (name, measured)
 
 
 def test_core_matches_the_pieces_and_modules_in_lkat(interp: dict) -> None:

@@ -8,7 +8,7 @@ import copy
 import pytest
 import torch
 from model_paths import backend_step, errors, lkat_t_and_images
-from test_gla_core import GRADS, TOL, core_of, make_case, outputs_and_grads, reference_of
+from test_gla_core import GRADS, bound, core_of, handoff_errors, make_case, outputs_and_grads, reference_of
 from tolerance import rel_max
 
 from lkat_lens.kernels import gla_core
@@ -23,13 +23,15 @@ pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(),
 )
 def test_core_matches_fp64_pieces(B: int, T: int, H: int, segment: int, dtype: str) -> None:
     """z and the gradients of y and of every weight, at LKAT-T's heads (64 wide) and in segments, against the fp64
-    composition of the pieces' references and the plain recurrence (tests/test_gla_core.py's operands and forms)."""
+    composition of the pieces' references and the plain recurrence (tests/test_gla_core.py's operands, forms and
+    bound: in bf16, within 1.5× of what the pieces' bf16 hand-offs alone cost where that exceeds 3e-2)."""
     flat, dz = make_case(T, H, 64, 64, 16, getattr(torch, dtype), False, batch=B, device="cuda")
     got = outputs_and_grads(core_of, flat, dz, H, segment)
     ref = outputs_and_grads(reference_of, [t.double() for t in flat], dz.double(), H, segment)
+    handoff = handoff_errors(flat, dz, H, ref)
     for name, a, b in zip(("z", *GRADS), got, ref, strict=True):
         assert torch.isfinite(a).all(), name
-        assert rel_max(a, b) <= TOL[dtype], (name, rel_max(a, b))
+        assert rel_max(a, b) <= bound(dtype, handoff[name]), (name, rel_max(a, b), handoff[name])
 
 
 def test_lkat_core_equals_the_pieces() -> None:
