@@ -14,6 +14,7 @@ STEP = "bench_step"
 LAUNCHES = ("cudaLaunchKernel", "cuLaunchKernel", "cuLaunchKernelEx", "cudaLaunchKernelExC", "cudaGraphLaunch")
 COPY_OPS = ("aten::copy_", "aten::_to_copy")
 TOP = 15
+GAPS = 5  # the device's longest idle spans reported per step
 
 
 def _union_us(intervals: list[tuple[float, float]]) -> float:
@@ -24,6 +25,44 @@ def _union_us(intervals: list[tuple[float, float]]) -> float:
             total += end - max(start, reach)
             reach = end
     return total
+
+
+def idle_gaps(
+    intervals: list[tuple[float, float]], start: float, end: float, top: int = GAPS
+) -> list[tuple[float, float]]:
+    """The `top` longest spans of [start, end) that no interval covers, longest first."""
+    gaps, reach = [], start
+    for a, b in sorted(intervals):
+        if a > reach:
+            gaps.append((reach, a))
+        reach = max(reach, b)
+    if end > reach:
+        gaps.append((reach, end))
+    return sorted(gaps, key=lambda g: g[1] - g[0], reverse=True)[:top]
+
+
+def _host_phases(events, step) -> list:
+    """The host events a step is made of: the step's direct children, and the outermost events of other threads
+    (autograd's device threads) that start inside it."""
+    inside = step.time_range
+    return [
+        e
+        for e in events
+        if e.device_type == DeviceType.CPU
+        and e is not step
+        and (e.cpu_parent is step or (e.cpu_parent is None and e.thread != step.thread))
+        and inside.start <= e.time_range.start < inside.end
+    ]
+
+
+def _gap_report(kernels: list[tuple[float, float]], phases: list, start: float, end: float) -> list[dict]:
+    """The device's longest idle spans in the step (ms from the step's start on the host), each with the host
+    phases that ran during it."""
+    rows = []
+    for a, b in idle_gaps(kernels, start, end):
+        during = [e.name for e in phases if e.time_range.start < b and e.time_range.end > a]
+        rows.append({"at_ms": (a - start) / 1e3, "ms": (b - a) / 1e3, "host": list(dict.fromkeys(during))})
+    return rows
 
 
 def _sync(device: str) -> None:
@@ -45,7 +84,10 @@ def profile_step(step: Callable[[], object], device: str, top: int = TOP) -> dic
     events; launch_calls: host launch calls; gpu_busy: the union of device events over the step's span (from its
     start on the host to the later of its end and the last device event); top_kernels: the `top` device events by name;
     top_ops: the host ops by the device time of the kernels they launched (self device time; on a CPU, self CPU
-    time); copy_share: aten::copy_/_to_copy's device time over all; to_copy_calls: aten::_to_copy calls.
+    time); copy_share: aten::copy_/_to_copy's device time over all; to_copy_calls: aten::_to_copy calls;
+    first_kernel_ms: the host's time from the step's start to its first device event; idle_gaps: the device's
+    longest idle spans with the host phases (the step's direct children, other threads' outermost events) during
+    each; host_phases: those phases' host milliseconds by name.
     """
     cuda = device == "cuda"
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
@@ -55,7 +97,8 @@ def profile_step(step: Callable[[], object], device: str, top: int = TOP) -> dic
             step()
         _sync(device)
     events = prof.events()
-    span = next(e for e in events if e.name == STEP and e.device_type == DeviceType.CPU).time_range
+    step_event = next(e for e in events if e.name == STEP and e.device_type == DeviceType.CPU)
+    span = step_event.time_range
     device_events = [
         e for e in events if e.device_type == DeviceType.CUDA and not getattr(e, "is_user_annotation", False)
     ]
@@ -73,6 +116,10 @@ def profile_step(step: Callable[[], object], device: str, top: int = TOP) -> dic
     op_us = {a.key: self_time(a) for a in host_ops if a.key not in kernel_us}
     op_calls = {a.key: a.count for a in host_ops}
     total = (sum(kernel_us.values()) if cuda else sum(op_us.values())) or 1.0
+    phases = _host_phases(events, step_event)
+    phase_us = defaultdict(float)
+    for e in phases:
+        phase_us[e.name] += e.time_range.elapsed_us()
     return {
         "step_wall_ms": (end - span.start) / 1e3,
         "device_kernels": len(kernels) if cuda else None,
@@ -83,4 +130,7 @@ def profile_step(step: Callable[[], object], device: str, top: int = TOP) -> dic
         "to_copy_calls": op_calls.get("aten::_to_copy", 0),
         "top_kernels": _top(kernel_us, kernel_calls, total, top) if cuda else [],
         "top_ops": _top(op_us, op_calls, total, top),
+        "first_kernel_ms": (min(k[0] for k in kernels) - span.start) / 1e3 if kernels else None,
+        "idle_gaps": _gap_report(kernels, phases, span.start, end) if cuda else [],
+        "host_phases": {name: us / 1e3 for name, us in sorted(phase_us.items(), key=lambda kv: -kv[1])},
     }

@@ -120,3 +120,13 @@ def test_tune_kernels_leaves_the_model_as_it_found_it(bench, training: bool) -> 
     assert model.training is training and all(m.training is training for m in model.modules())
     assert all(p.grad is None for p in model.parameters())
     assert all(torch.equal(p, b) for p, b in zip(model.parameters(), before, strict=True))
+
+
+def test_idle_gaps_are_the_uncovered_spans_longest_first() -> None:
+    """profile_step.idle_gaps: the spans of [start, end) that no (overlapping, unsorted) interval covers, the
+    longest first, the first `top` of them."""
+    with imported("profile_step") as profile:
+        intervals = [(4.5, 7.0), (1.0, 2.0), (4.0, 5.0)]
+        assert profile.idle_gaps(intervals, 0.0, 10.0) == [(7.0, 10.0), (2.0, 4.0), (0.0, 1.0)]
+        assert profile.idle_gaps(intervals, 0.0, 10.0, top=1) == [(7.0, 10.0)]
+        assert profile.idle_gaps([(0.0, 3.0)], 0.0, 3.0) == []
