@@ -72,7 +72,7 @@ def test_a_model_trained_on_shapes_beats_chance_and_its_ig_beats_a_random_map(tm
     argv += f" --batch-size 64 --train-images {64 * STEPS_PER_EPOCH} --val-images 96 --lr 5e-3 --warmup-epochs 1"
     argv += f" --workers 0 --no-telemetry --name e2e --out-dir {tmp_path}"
     assert train.main(argv.split()) == 0
-    ig_steps = (("integrated_gradients", (("n_steps", 32),)),)
+    ig_steps = (("integrated_gradients", (("n_steps", 16),)),)  # 32 steps gave the same three scores
     study = Study.open(
         tmp_path / "e2e" / "best.pt", device="cpu", num_images=96, mprt_images=0, method_settings=ig_steps
     )
