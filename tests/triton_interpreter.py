@@ -26,6 +26,7 @@ PREFIX = "RESULTS "
 def measurements(test_file: str, interpreting: bool, measure: Callable[[], dict]) -> dict:
     """measure() here when the interpreter is on, else the dict the child `python test_file` reports."""
     if interpreting:
+        patch_device_functions_once_per_launch()
         return measure()
     env = {**os.environ, "TRITON_INTERPRET": "1"}
     proc = subprocess.run([sys.executable, test_file], env=env, capture_output=True, text=True, timeout=600)
@@ -36,7 +37,46 @@ def measurements(test_file: str, interpreting: bool, measure: Callable[[], dict]
 
 def report(measure: Callable[[], dict]) -> None:
     """The child's side: print measure()'s dict as the RESULTS line."""
+    patch_device_functions_once_per_launch()
     print(PREFIX + json.dumps(measure()))
+
+
+def patch_device_functions_once_per_launch() -> None:
+    """Let the interpreter patch triton.language for each @triton.jit device function once per kernel launch, not at
+    every call. Triton's interpreter (3.x) re-patches the language modules a device function sees (an
+    inspect.getmembers over each) at every call of it, in every program of the grid; our kernels call small helpers in
+    their loops, so this was ~40 % of a child's time (tests/test_gla_short.py alone: 95 -> 54 s). After a function's
+    first call in a launch its modules stay patched until the launch ends (by the launch, or by that first call, whose
+    patches the interpreter never undoes), so skipping the later calls' patching computes the same values. Where
+    this interpreter has other internals, nothing is changed."""
+    from triton.runtime import interpreter
+
+    launch, device_call = interpreter.GridExecutor.__call__, interpreter.InterpretedFunction.__call__
+    if getattr(launch, "counts_device_functions", False) or not hasattr(interpreter.InterpretedFunction, "rewrite"):
+        return
+    called: list[set | None] = [None]  # the device functions called so far in the launch running now
+
+    def counted_launch(self, *args, **kwargs):
+        outer, called[0] = called[0], set()
+        try:
+            return launch(self, *args, **kwargs)
+        finally:
+            called[0] = outer
+
+    def call_device_function(self, *args, **kwargs):
+        seen = called[0]
+        if seen is None or self.fn not in seen:
+            if seen is not None:
+                seen.add(self.fn)
+            return device_call(self, *args, **kwargs)
+        try:
+            return self.rewrite()(*args, **kwargs)
+        except Exception as e:  # as the interpreter's own call reports it
+            raise interpreter.InterpreterError(repr(e)) from e
+
+    counted_launch.counts_device_functions = True
+    interpreter.GridExecutor.__call__ = counted_launch
+    interpreter.InterpretedFunction.__call__ = call_device_function
 
 
 def logits_and_grads(model: torch.nn.Module, images: torch.Tensor, **backends: str) -> list[torch.Tensor]:
