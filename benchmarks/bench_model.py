@@ -373,20 +373,34 @@ def compare_measure(
         return _compare_measure(name, kwargs, backends, mode, args)
 
 
-def _compare_measure(name: str, kwargs: dict, backends: dict, mode: str, args: argparse.Namespace) -> dict:
-    device, batch, img = args.device, args.batch, args.img_size
+@dataclass
+class TrainingRun:
+    """A model of the --compare rows, its (compiled) callable and its two timed functions on one synthetic batch."""
+
+    model: torch.nn.Module
+    x: torch.Tensor  # the images of every step
+    train_step: object  # () -> None: forward, backward and a fused AdamW step under bf16 autocast
+    infer: object  # () -> None: a bf16-autocast forward without gradients
+
+
+def training_run(
+    name: str, mode: str, device: str, batch: int, img: int, kwargs=None, backends=None, tune_first=False
+) -> TrainingRun:
+    """timm's ViT or LKAT `name` (with `kwargs`, LKAT's `backends`), eager or torch.compile(mode, fullgraph=True),
+    fused AdamW, and a batch of `batch` random images at `img`², as --compare and host_timeline.py time them."""
     torch.manual_seed(0)
     if name.startswith("lkat"):
-        model = lkat_lens.create_model(name, num_classes=1000, img_size=img, **kwargs).set_backends(**backends)
+        model = lkat_lens.create_model(name, num_classes=1000, img_size=img, **(kwargs or {}))
+        model.set_backends(**(backends or {}))
     else:
-        model = timm.create_model(name, pretrained=False, num_classes=1000, img_size=img, **kwargs)
+        model = timm.create_model(name, pretrained=False, num_classes=1000, img_size=img, **(kwargs or {}))
     model = model.to(device)
     run = model if mode == "eager" else torch.compile(model, mode=mode, fullgraph=True)
     opt = torch.optim.AdamW(model.parameters(), lr=1e-4, fused=device == "cuda")
     x = torch.randn(batch, 3, img, img, device=device)
     y = torch.randint(0, 1000, (batch,), device=device)
     graphs = mode == "reduce-overhead"
-    if args.tune_first and name.startswith("lkat"):
+    if tune_first and name.startswith("lkat"):
         tune_kernels(model, x, y)
 
     def train_step():
@@ -404,8 +418,15 @@ def _compare_measure(name: str, kwargs: dict, backends: dict, mode: str, args: a
         with torch.no_grad(), torch.autocast(device, dtype=torch.bfloat16):
             run(x)
 
+    return TrainingRun(model, x, train_step, infer)
+
+
+def _compare_measure(name: str, kwargs: dict, backends: dict, mode: str, args: argparse.Namespace) -> dict:
+    device, batch = args.device, args.batch
+    setup = training_run(name, mode, device, batch, args.img_size, kwargs, backends, args.tune_first)
+    model = setup.model
     row: dict = {"params_M": sum(p.numel() for p in model.parameters()) / 1e6}
-    for phase, fn, train in (("train", train_step, True), ("infer", infer, False)):
+    for phase, fn, train in (("train", setup.train_step, True), ("infer", setup.infer, False)):
         model.train(train)
         reset_peak(device)
         for _ in range(args.warmup):  # compiles, autotunes (unless Triton's cache holds the tuning) and records graphs

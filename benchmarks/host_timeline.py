@@ -17,16 +17,13 @@ import sys
 import time
 from pathlib import Path
 
-import timm
 import torch
 import torch._functorch.aot_autograd  # noqa: F401  (loads the runtime wrappers stamped below)
 import torch._inductor.cudagraph_trees as cudagraph_trees
 import torch._inductor.output_code as output_code
-from bench_model import tune_kernels
+from bench_model import training_run
 from common import dated_result_path, environment, write_result
 from torch._dynamo.eval_frame import _debug_get_cache_entry_list
-
-import lkat_lens
 
 STEPS, WARMUP, GUARD_CHECKS = 30, 15, 200
 stamps: list[tuple[str, float]] = []
@@ -78,29 +75,13 @@ def guard_check_us(model: torch.nn.Module, x: torch.Tensor) -> float | None:
 
 def timeline(name: str) -> dict:
     """The medians of the stamps up to the forward's replay, and the guards' check, for one model."""
-    torch.manual_seed(0)
-    if name.startswith("lkat"):
-        model = lkat_lens.create_model(name, num_classes=1000, img_size=224)
-    else:
-        model = timm.create_model(name, pretrained=False, num_classes=1000, img_size=224)
-    model = model.cuda()
-    run = torch.compile(model, mode="reduce-overhead", fullgraph=True)
-    opt = torch.optim.AdamW(model.parameters(), lr=1e-4, fused=True)
-    x = torch.randn(128, 3, 224, 224, device="cuda")
-    y = torch.randint(0, 1000, (128,), device="cuda")
-    if name.startswith("lkat"):
-        tune_kernels(model, x, y)
+    setup = training_run(name, "reduce-overhead", "cuda", 128, 224, tune_first=True)
     rows = []
 
     def step(record: bool = False) -> None:
         stamps.clear()
         t0 = time.perf_counter()
-        torch.compiler.cudagraph_mark_step_begin()
-        with torch.autocast("cuda", dtype=torch.bfloat16):
-            loss = torch.nn.functional.cross_entropy(run(x), y)
-        loss.backward()
-        opt.step()
-        opt.zero_grad(set_to_none=True)
+        setup.train_step()
         torch.cuda.synchronize()
         if record:
             first = next(i for i, (label, _) in enumerate(stamps) if label == "replay")
@@ -113,8 +94,8 @@ def timeline(name: str) -> dict:
     labels = [label for label, _ in rows[0]]
     medians = [sorted(r[i][1] for r in rows)[len(rows) // 2] for i in range(len(labels))]
     result = {"model": name, "stamps_ms": dict(zip(labels, medians, strict=True))}
-    result["guard_check_us"] = guard_check_us(model, x)
-    result["inputs"] = sum(1 for _ in model.parameters()) + sum(1 for _ in model.buffers())
+    result["guard_check_us"] = guard_check_us(setup.model, setup.x)
+    result["inputs"] = sum(1 for _ in setup.model.parameters()) + sum(1 for _ in setup.model.buffers())
     torch._dynamo.reset()
     return result
 

@@ -130,3 +130,16 @@ def test_idle_gaps_are_the_uncovered_spans_longest_first() -> None:
         assert profile.idle_gaps(intervals, 0.0, 10.0) == [(7.0, 10.0), (2.0, 4.0), (0.0, 1.0)]
         assert profile.idle_gaps(intervals, 0.0, 10.0, top=1) == [(7.0, 10.0)]
         assert profile.idle_gaps([(0.0, 3.0)], 0.0, 3.0) == []
+
+
+def test_training_run_steps_the_optimizer_and_infers_without_gradients(bench) -> None:
+    """The set-up --compare and host_timeline.py share: a training step moves every parameter (fused AdamW on CUDA,
+    plain here), and inference leaves no gradient."""
+    run = bench.training_run("lkat_micro", "eager", "cpu", batch=2, img=16)
+    assert run.x.shape == (2, 3, 16, 16) and isinstance(run.model, lkat_lens.models.LKAT)
+    before = [p.detach().clone() for p in run.model.parameters()]
+    run.train_step()
+    moved = [not torch.equal(p, b) for p, b in zip(run.model.parameters(), before, strict=True)]
+    assert all(moved) and all(p.grad is None for p in run.model.parameters())
+    run.infer()
+    assert all(p.grad is None for p in run.model.parameters())
