@@ -44,6 +44,7 @@ import gc
 import itertools
 import math
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -379,8 +380,8 @@ class TrainingRun:
 
     model: torch.nn.Module
     x: torch.Tensor  # the images of every step
-    train_step: object  # () -> None: forward, backward and a fused AdamW step under bf16 autocast
-    infer: object  # () -> None: a bf16-autocast forward without gradients
+    train_step: Callable[[], None]  # forward, backward and a fused AdamW step under bf16 autocast
+    infer: Callable[[], None]  # a bf16-autocast forward without gradients
 
 
 def training_run(

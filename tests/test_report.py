@@ -73,7 +73,7 @@ def test_info_prints_the_model_card(digits_checkpoint, capsys):
 
 
 def test_bad_checkpoint_exits_2_with_one_line(tmp_path):
-    """`analyze` in a child process (the other commands: test_robustness_checkpoints, in this one)."""
+    """`analyze` in a child process (test_robustness_checkpoints runs `info` in one, the others in the test process)."""
     bad = tmp_path / "bad.pt"
     bad.write_bytes(b"not a checkpoint")
     done = subprocess.run([sys.executable, "-m", "lkat_lens_cli", "analyze", str(bad)], capture_output=True, text=True)

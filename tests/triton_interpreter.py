@@ -54,20 +54,20 @@ def patch_device_functions_once_per_launch() -> None:
     launch, device_call = interpreter.GridExecutor.__call__, interpreter.InterpretedFunction.__call__
     if getattr(launch, "counts_device_functions", False) or not hasattr(interpreter.InterpretedFunction, "rewrite"):
         return
-    called: list[set | None] = [None]  # the device functions called so far in the launch running now
+    called: set | None = None  # the device functions called so far in the launch running now
 
     def counted_launch(self, *args, **kwargs):
-        outer, called[0] = called[0], set()
+        nonlocal called
+        outer, called = called, set()
         try:
             return launch(self, *args, **kwargs)
         finally:
-            called[0] = outer
+            called = outer
 
     def call_device_function(self, *args, **kwargs):
-        seen = called[0]
-        if seen is None or self.fn not in seen:
-            if seen is not None:
-                seen.add(self.fn)
+        if called is None or self.fn not in called:
+            if called is not None:
+                called.add(self.fn)
             return device_call(self, *args, **kwargs)
         try:
             return self.rewrite()(*args, **kwargs)
