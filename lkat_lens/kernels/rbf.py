@@ -31,18 +31,43 @@ def check_grid(grid_min: float, grid_max: float, num_grids: int) -> None:
         raise ValueError(f"need num_grids >= 2 and grid_max > grid_min, got {num_grids}, [{grid_min}, {grid_max}]")
 
 
-def _scaled_offsets(x: torch.Tensor, grid_min: float, grid_max: float, num_grids: int) -> torch.Tensor:
-    """t[..., g] = (x - c_g) / h in x's dtype, clamped where the Gaussian is exactly zero."""
+def _offset_planes(x: torch.Tensor, grid_min: float, grid_max: float, num_grids: int) -> torch.Tensor:
+    """t[g, ...] = (x - c_g) / h in x's dtype, [G, *x.shape], clamped where the Gaussian is exactly zero.
+
+    The torch path works on these planes, the grid index first: on the CPU its elementwise work then runs over
+    long contiguous rows (a last dimension of G is several times slower), and in place (a fresh [G, ...] buffer
+    costs about as much as the arithmetic on it)."""
     check_grid(grid_min, grid_max, num_grids)
     h = (grid_max - grid_min) / (num_grids - 1)
     centers = torch.linspace(grid_min, grid_max, num_grids, device=x.device, dtype=x.dtype)
-    return ((x.unsqueeze(-1) - centers) / h).clamp(-_T_MAX, _T_MAX)
+    return (x - centers.view(-1, *[1] * x.dim())).div_(h).clamp_(-_T_MAX, _T_MAX)
+
+
+def _gaussian(t: torch.Tensor, *, inplace: bool = True) -> torch.Tensor:
+    """exp(-t^2) of scaled offsets t, written over t unless inplace is False."""
+    return (t.square_() if inplace else t.square()).neg_().exp_()
+
+
+def _scaled_offsets(x: torch.Tensor, grid_min: float, grid_max: float, num_grids: int) -> torch.Tensor:
+    """t[..., g] = (x - c_g) / h in x's dtype, clamped where the Gaussian is exactly zero (contiguous)."""
+    return _offset_planes(x, grid_min, grid_max, num_grids).movedim(0, -1).contiguous()
 
 
 def rbf_basis(x: torch.Tensor, grid_min: float, grid_max: float, num_grids: int) -> torch.Tensor:
     """The Gaussian basis phi_g(x) as a [..., G] tensor in x's dtype (computed in fp32 for half inputs)."""
     xc = x if x.dtype in (torch.float32, torch.float64) else x.float()
-    return torch.exp(-_scaled_offsets(xc, grid_min, grid_max, num_grids).square()).to(x.dtype)
+    planes = _gaussian(_offset_planes(xc, grid_min, grid_max, num_grids))
+    return planes.movedim(0, -1).to(x.dtype, memory_format=torch.contiguous_format)
+
+
+def _weighted_sum(planes: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+    """sum_g w_g planes[g] for w [G] (one matrix-vector product) or w_{d,g} for w [D, G] (d the last dimension)."""
+    if w.dim() == 1:
+        return (w @ planes.reshape(w.shape[0], -1)).view(planes.shape[1:])
+    total = planes[0] * w[:, 0]
+    for g in range(1, w.shape[1]):
+        total.addcmul_(planes[g], w[:, g])
+    return total
 
 
 def _grid_weight(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
@@ -59,8 +84,8 @@ def rbf_grid_linear_reference(x: torch.Tensor, weight: torch.Tensor, grid_min: f
     """Exact unfused y = sum_g w_g phi_g(x) (fp32, or fp64 for fp64 operands), returned in x's dtype."""
     w = _grid_weight(x, weight)
     dtype = compute_dtype(x, weight)
-    phi = rbf_basis(x.to(dtype), grid_min, grid_max, w.shape[-1])
-    return (phi * w.to(dtype)).sum(-1).to(x.dtype)
+    phi = _gaussian(_offset_planes(x.to(dtype), grid_min, grid_max, w.shape[-1]))
+    return _weighted_sum(phi, w.to(dtype)).to(x.dtype)
 
 
 def _torch_backward(
@@ -76,17 +101,16 @@ def _torch_backward(
     w = _grid_weight(x, weight)
     dtype = compute_dtype(x, weight)
     num_grids = w.shape[-1]
-    t = _scaled_offsets(x.to(dtype), grid_min, grid_max, num_grids)
-    phi = torch.exp(-t.square())
+    t = _offset_planes(x.to(dtype), grid_min, grid_max, num_grids)
+    phi = _gaussian(t, inplace=False)
     wc, dyc = w.to(dtype), dy.to(dtype)
     h = (grid_max - grid_min) / (num_grids - 1)
-    dx = dyc * (wc * phi * t).sum(-1) * (-2.0 / h)
-    contrib = dyc.unsqueeze(-1) * phi
-    dw = contrib.reshape(-1, num_grids).sum(0) if w.dim() == 1 else contrib.reshape(-1, *w.shape).sum(0)
+    y = None if out_dtype is None else _weighted_sum(phi, wc).to(x.dtype).to(out_dtype).contiguous()
+    dx = _weighted_sum(t.mul_(phi), wc).mul_(dyc).mul_(-2.0 / h)  # dy * sum_g w_g phi_g t_g * (-2 / h)
+    columns = w.shape[0] if w.dim() == 2 else 1  # dw_g(, d) = sum over the rows of dy phi_g, summed pairwise by torch
+    dw = phi.mul_(dyc).reshape(num_grids, -1, columns).sum(1).T.contiguous()
     grads = (dx.to(x.dtype), dw.reshape(weight.shape).to(weight.dtype))
-    if out_dtype is None:
-        return grads
-    return (*grads, (phi * wc).sum(-1).to(x.dtype).to(out_dtype).contiguous())
+    return grads if y is None else (*grads, y)
 
 
 def _triton_operands(x: torch.Tensor, weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
