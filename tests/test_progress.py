@@ -19,9 +19,10 @@ def test_a_forced_bar_names_the_pass_and_counts_the_images(digits_checkpoint):
     study.token_norms()
     study.span_shares()
     text = out.getvalue().replace("\r", "\n")
-    done = [line for line in text.splitlines() if "100%" in line]
-    assert done[0].startswith("token norms: 100%") and "6/6 [" in done[0], text  # images done, time, rate
-    assert done[1].startswith("grid span of the KAN inputs: 100%") and "6/6 [" in done[1], text
+    done = [line for line in text.splitlines() if "100%" in line]  # tqdm may draw a finished bar twice
+    for name in ("token norms", "grid span of the KAN inputs"):  # images done, time, rate
+        assert any(line.startswith(f"{name}: 100%") and "6/6 [" in line for line in done), text
+    assert done[0].startswith("token norms") and done[-1].startswith("grid span"), text  # the passes in order
     assert all("image/s" in line or "s/image" in line for line in done), text
     assert "<" in text.split("token norms:")[1]  # the elapsed<remaining (ETA) field
 
