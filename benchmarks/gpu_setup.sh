@@ -52,6 +52,9 @@ parallel_tests() {  # parallel_tests SECONDS FILE...: tests/gpu/FILE.py as concu
   done
   wait
   pkill -9 -f "compile_worke[r]"  # inductor's compile pool outlives a pytest that timeout killed; not in timings
-  for name in "$@"; do echo "== $name (concurrent, limit $limit s): $(tail -n 1 "$OUT/$name.log")"; done
+  for name in "$@"; do  # the summary line, and the failures by name (the logs may not all come back)
+    echo "== $name (concurrent, limit $limit s): $(tail -n 1 "$OUT/$name.log")"
+    grep -E '^(FAILED|ERROR) ' "$OUT/$name.log" | cut -c1-300
+  done
   echo "== concurrent tests: $((SECONDS - t0)) s"
 }
