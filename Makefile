@@ -1,5 +1,5 @@
 # Two commands do all set-up on a fresh machine:
-#   make train   -> creates .venv, installs lkat-lens (+ Debian chromium), trains lkat_micro on digits (CPU, ~4 min)
+#   make train   -> creates .venv, installs lkat-lens (+ Debian chromium), trains lkat_micro on digits (CPU, ~4.5 min)
 #   make test    -> the same set-up, then the CPU test suite (browser tests in headless chromium): its files spread over
 #                   two processes (pytest-xdist), then the tests that assert a wall-clock budget alone
 PYTHON ?= python3
