@@ -26,7 +26,7 @@ PREFIX = "RESULTS "
 def measurements(test_file: str, interpreting: bool, measure: Callable[[], dict]) -> dict:
     """measure() here when the interpreter is on, else the dict the child `python test_file` reports."""
     if interpreting:
-        patch_device_functions_once_per_launch()
+        speed_up_the_interpreter()
         return measure()
     env = {**os.environ, "TRITON_INTERPRET": "1"}
     proc = subprocess.run([sys.executable, test_file], env=env, capture_output=True, text=True, timeout=600)
@@ -37,8 +37,73 @@ def measurements(test_file: str, interpreting: bool, measure: Callable[[], dict]
 
 def report(measure: Callable[[], dict]) -> None:
     """The child's side: print measure()'s dict as the RESULTS line."""
-    patch_device_functions_once_per_launch()
+    speed_up_the_interpreter()
     print(PREFIX + json.dumps(measure()))
+
+
+def speed_up_the_interpreter() -> None:
+    """Patches of Triton's interpreter that compute the same values faster (each checked: identical RESULTS)."""
+    patch_device_functions_once_per_launch()
+    vectorise_generic_scans()
+    cache_numpy_dtypes()
+
+
+def cache_numpy_dtypes() -> None:
+    """Remember the numpy dtype the interpreter stores each Triton dtype as. Its lookup (3.x) builds a dict of twenty
+    numpy dtypes at every call, a million calls in tests/test_gla_short.py's child (a seventh of its time under
+    cProfile); the answer depends on the dtype alone, a block's on its element dtype (dtypes hash and compare by
+    name; block and pointer types do not hash)."""
+    import triton.language as tl
+    from triton.runtime import interpreter
+
+    find = interpreter._get_np_dtype
+    if getattr(find, "cached", False):
+        return
+    found: dict = {}
+
+    def cached(tt_dtype):
+        key = tt_dtype.element_ty if isinstance(tt_dtype, tl.block_type) else tt_dtype
+        if isinstance(key, tl.pointer_type):  # the lookup's first case, before it builds the dict
+            return find(key)
+        if key not in found:
+            found[key] = find(key)
+        return found[key]
+
+    cached.cached = True
+    interpreter._get_np_dtype = cached
+
+
+def vectorise_generic_scans() -> None:
+    """Run tl.associative_scan with a combine function other than a sum or product one step of the scanned axis at a
+    time over all other positions at once, instead of one element at a time. The interpreter (3.x) calls the combine
+    function per element in Python; kernels/chunk_states.py's scan over chunk blocks made this about a quarter of
+    tests/test_gla_short.py's child. Each element still takes the same left-to-right sequence of combine steps, and a
+    combine function acts elementwise, so the values are the same (chunk_states' is multiplies and adds only)."""
+    import numpy as np
+    import triton.language as tl
+    from triton.runtime import interpreter
+
+    scan = interpreter.ScanOps
+    if getattr(scan.generic_scan, "vectorised", False) or not hasattr(scan, "to_tensor"):
+        return
+
+    def generic_scan(self, inputs):
+        data = [np.moveaxis(arg.handle.data, self.axis, 0) for arg in inputs]
+        out = [np.empty_like(d) for d in data]
+        acc = None
+        for i in range(data[0].shape[0]):
+            step = tuple(self.to_tensor(d[i], arg.dtype) for d, arg in zip(data, inputs, strict=True))
+            if acc is None:
+                acc = step
+            else:
+                ret = self.combine_fn.fn(*acc, *step)
+                acc = ret if isinstance(ret, tuple) else (ret,)
+            for o, a in zip(out, acc, strict=True):
+                o[i] = a.handle.data.reshape(o[i].shape) if isinstance(a, tl.core.tensor) else a
+        return [self.to_tensor(np.moveaxis(o, 0, self.axis), arg.dtype) for o, arg in zip(out, inputs, strict=True)]
+
+    generic_scan.vectorised = True
+    scan.generic_scan = generic_scan
 
 
 def patch_device_functions_once_per_launch() -> None:
