@@ -76,3 +76,19 @@ def test_gradients_of_every_input_are_compared():
 
     with pytest.warns(Warning, match="differs from torch"):
         assert kan_dispatch.choose_path("dw", ["bad-dw"], run, inputs(16), "bad-dw") == "torch"
+
+
+def test_a_one_off_stall_does_not_decide_the_choice():
+    """A path that stalls once while timed (a first launch's compile, another process on the GPU) still wins when it
+    is the faster path in every other round: 2 ms a call against 0, with one 60 ms stall."""
+    calls = {"torch": 0, "steady": 0, "stalls": 0}
+
+    def run(path: str, x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+        calls[path] += 1
+        if path == "steady":
+            time.sleep(0.002)
+        elif path == "stalls" and calls[path] == 5:  # after the check and two untimed calls: in the first timed round
+            time.sleep(0.06)
+        return x @ weight.T
+
+    assert kan_dispatch.choose_path("stall", ["stalls", "steady"], run, inputs(64, train=False), "steady") == "stalls"
