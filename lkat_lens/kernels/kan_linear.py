@@ -29,6 +29,7 @@ from .kan_dispatch import choose_path
 from .rbf import (
     TRITON_DTYPES,
     _forward,
+    _gaussian,
     _grid_weight,
     _scaled_offsets,
     _torch_backward,
@@ -233,7 +234,7 @@ def _edge_fused_backward(x, weight, dy, grid_min, grid_max, num_grids, need_dx, 
 def _edge_backward_reference(x, weight, dy, grid_min, grid_max, num_grids, need_dx, need_dw):
     """The fused edge backward's results by the explicit torch formulas."""
     t = _scaled_offsets(_fp32_or_more(x), grid_min, grid_max, num_grids)
-    phi = torch.exp(-t.square())
+    phi = _gaussian(t, inplace=False)
     dphi = (_fp32_or_more(dy) @ _fp32_or_more(weight)).unflatten(-1, phi.shape[-2:])
     dx = (dphi * phi * t).sum(-1) * (-2.0 * (num_grids - 1) / (grid_max - grid_min))
     dw = _rows(_fp32_or_more(dy)).T @ _rows(phi.flatten(-2))
