@@ -46,6 +46,23 @@ def speed_up_the_interpreter() -> None:
     patch_device_functions_once_per_launch()
     vectorise_generic_scans()
     cache_numpy_dtypes()
+    skip_discarded_overflow_checks()
+
+
+def skip_discarded_overflow_checks() -> None:
+    """Turn off the interpreter's integer-overflow sanitizer, whose checks it computes and then discards. With
+    `sanitize_overflow` on (the interpreter's default, 3.x), every int32 add, sub and mul of a kernel is done again in
+    int64 and compared with the int32 bounds, but the result goes to device_assert, which returns without checking
+    unless `debug` is on (it is off, as in a compiled kernel without debug). That was about two fifths of
+    tests/test_gla_short.py's child under cProfile. Without it the kernels' values are the same."""
+    import dataclasses
+
+    from triton.runtime import interpreter
+
+    builder = interpreter.interpreter_builder
+    options = getattr(builder, "options", None)
+    if dataclasses.is_dataclass(options) and not options.debug and getattr(options, "sanitize_overflow", False):
+        builder.options = dataclasses.replace(options, sanitize_overflow=False)
 
 
 def cache_numpy_dtypes() -> None:
