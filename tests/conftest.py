@@ -10,6 +10,36 @@ from test_data import write_image_folder
 import lkat_lens
 from lkat_lens import train
 
+# The files that take longest (seconds of test time each on the 2-core CPU machine, `pytest --durations`, 2026-11-27),
+# slowest first. `make test` hands whole files to its two workers in collection order (pytest-xdist --dist loadfile), so
+# these are collected first and the short files fill in behind them: in alphabetical order a long file near the end
+# kept one worker busy for the last ~50 s while the other idled.
+SLOW_FILES = (
+    "test_evaluate.py",  # ~250 s: the shapes end-to-end run
+    "test_explorer.py",  # ~190 s: the browser tests
+    "test_gla_short.py",
+    "test_distributed_stats.py",
+    "test_gla_core.py",
+    "test_figures.py",
+    "test_gla_input.py",
+    "test_robustness_training.py",
+    "test_train.py",
+    "test_kan_gemm.py",
+    "test_explorer_runs.py",
+    "test_rbf_kernel.py",  # ~50 s
+)
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Collect SLOW_FILES first, slowest first; the rest keep their order."""
+
+    def rank(item: pytest.Item) -> int:
+        name = item.path.name
+        return SLOW_FILES.index(name) if name in SLOW_FILES else len(SLOW_FILES)
+
+    items.sort(key=rank)  # stable: tests inside a file keep their order
+
+
 DEFAULT_TORCH_THREADS = torch.get_num_threads()  # before any fixture's training run sets the process's count
 if os.environ.get("PYTEST_XDIST_WORKER"):  # `make test` runs two workers on the 2-core machine: a core each
     torch.set_num_threads(1)
