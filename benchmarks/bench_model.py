@@ -54,6 +54,7 @@ from common import dated_result_path, environment, write_result  # benchmarks/ i
 from profile_step import TOP, profile_step
 
 import lkat_lens
+from lkat_lens.kernels import kan_dispatch
 from lkat_lens.models.attention import INPUT_MODES, PATH_MODES
 from lkat_lens.models.patch_embed import PatchEmbed
 
@@ -525,8 +526,10 @@ def compare(args: argparse.Namespace, out: Path) -> list[dict]:
                 row |= {"activation_memory_budget": budget}
                 row |= {"batch": args.batch, "img_size": args.img_size, "device": args.device, **settings()}
                 start = time.perf_counter()
+                kan_dispatch.clear_choices()  # each row measures its own KAN paths (kan="auto")
                 try:
                     row |= compare_measure(name, kwargs, backends, mode, budget, args)
+                    row["kan_choices"] = {repr(key): path for key, path in kan_dispatch.cached_choices().items()}
                 except Exception as error:  # record it and go on with the other rows
                     row["error"] = f"{type(error).__name__}: {str(error).splitlines()[0][:300]}"
                 finally:

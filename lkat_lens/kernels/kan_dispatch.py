@@ -3,6 +3,12 @@
 Correctness is checked against the "torch" path on the first CHECK_ROWS rows of x only, so the check never
 materialises the full-size basis the torch path builds (gigabytes for a large training batch). Only paths that
 pass are timed, at full size; the torch path is the fallback, never a timed candidate.
+
+On CUDA a path is timed by the device's time of its kernels, not by the wall clock: the calls are queued behind a
+device-side wait long enough for the host to queue them all, so the kernels run back to back and the host's pace
+does not count. One layer at LKAT-T's size is bound by the host (about 1 ms of Python and launches a call against
+0.1-0.5 ms of kernels, H100), and wall-clock rounds swapped the paths' order from run to run; in a model's step the
+host's and the device's work overlap, and the kernels are what a GPU-bound step waits for.
 """
 
 from __future__ import annotations
@@ -17,6 +23,7 @@ import torch
 # A path is taken only if its output and input gradient are this close to the torch path's (relative norm).
 _TOL = {torch.float32: 1e-3, torch.bfloat16: 3e-2, torch.float16: 3e-2}
 _REPEATS, _ROUNDS = 5, 5  # calls per timed round, rounds per path
+_HOLD_CYCLES = 2**24  # the device-side wait before a timed round (~10 ms), quadrupled until the host keeps up
 CHECK_ROWS = 4096
 _CHOICES: dict[tuple, str] = {}
 
@@ -102,21 +109,45 @@ def _step(run: Run, path: str, probes: list[torch.Tensor], dy: torch.Tensor | No
     return [y.detach()] + [t.grad for t in probes if t.requires_grad and t.grad is not None]
 
 
-def _time(run: Run, path: str, probes: list[torch.Tensor], dy: torch.Tensor | None) -> float:
-    """Mean seconds of one call (forward, and backward with dy) over a few repeats, device synchronised."""
-    cuda = probes[0].is_cuda
-    if cuda:
-        torch.cuda.synchronize(probes[0].device)
-    start = time.perf_counter()
+def _calls(run: Run, path: str, probes: list[torch.Tensor], dy: torch.Tensor | None) -> None:
+    """_REPEATS calls of the path (forward, and backward with dy)."""
     for _ in range(_REPEATS):
         for t in probes:
             t.grad = None
         y = run(path, *probes)
         if dy is not None:
             y.backward(dy)
-    if cuda:
-        torch.cuda.synchronize(probes[0].device)
+
+
+def _time(run: Run, path: str, probes: list[torch.Tensor], dy: torch.Tensor | None) -> float:
+    """Seconds of one call: on CUDA the device's (device_seconds), else the wall clock's, over _REPEATS calls."""
+    if probes[0].is_cuda:
+        return device_seconds(lambda: _calls(run, path, probes, dy), probes[0].device) / _REPEATS
+    start = time.perf_counter()
+    _calls(run, path, probes, dy)
     return (time.perf_counter() - start) / _REPEATS
+
+
+def device_seconds(work: Callable[[], None], device: torch.device) -> float:
+    """Seconds the device spends on what work() queues on the current stream, whatever the host's pace: the work is
+    queued behind a device-side wait (torch.cuda._sleep), between two timing events. If the wait ended before the
+    host had queued it all (the first event already done), the device may have idled between kernels: the wait is
+    made four times longer and the work timed again (at most four times; then the last timing counts)."""
+    cycles = _HOLD_CYCLES
+    with torch.cuda.device(device):
+        torch.cuda.synchronize()
+        for _ in range(4):
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            torch.cuda._sleep(cycles)
+            start.record()
+            work()
+            end.record()
+            queued_ahead = not start.query()  # the device was still waiting when the host had queued everything
+            end.synchronize()
+            if queued_ahead:
+                break
+            cycles *= 4
+    return start.elapsed_time(end) / 1e3
 
 
 def _rel_error(out: torch.Tensor, ref: torch.Tensor) -> float:

@@ -125,3 +125,31 @@ def test_auto_backend_picks_a_correct_path_once(basis: str) -> None:
     layer.kernel_backend = "torch"
     reference = layer(x)
     assert _rel(y, reference) <= 3e-2
+
+
+def test_paths_are_timed_by_the_devices_time_not_the_hosts() -> None:
+    """device_seconds of matmuls queued by a slow host (a 2 ms pause after each) is the matmuls' own device time,
+    as CUDA events give it for the same matmuls queued back to back, not the pauses' wall time."""
+    import time
+
+    a = torch.randn(2048, 2048, device="cuda")
+    for _ in range(3):
+        a @ a  # cuBLAS picks and loads its kernel outside the timings
+    torch.cuda.synchronize()
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    torch.cuda._sleep(2**24)
+    start.record()
+    for _ in range(8):
+        a @ a
+    end.record()
+    end.synchronize()
+    back_to_back = start.elapsed_time(end) / 1e3
+
+    def slow_host() -> None:
+        for _ in range(8):
+            a @ a
+            time.sleep(0.002)
+
+    measured = kan_dispatch.device_seconds(slow_host, a.device)
+    assert back_to_back < 0.016  # 8 matmuls of 17 GFLOP each: well under the 16 ms the pauses take
+    assert measured == pytest.approx(back_to_back, rel=0.25)
