@@ -92,3 +92,19 @@ def test_a_one_off_stall_does_not_decide_the_choice():
         return x @ weight.T
 
     assert kan_dispatch.choose_path("stall", ["stalls", "steady"], run, inputs(64, train=False), "steady") == "stalls"
+
+
+def test_a_span_checks_the_paths_away_from_the_batchs_rows():
+    """A path that is right at x = 0 only passes a check on a batch of zeros (LKAT's fc2 inputs at initialisation);
+    with a span the check draws its rows over it and refuses that path; the right one is still taken."""
+
+    def run(path: str, x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+        return (x.clamp(-0.1, 0.1) if path == "right-at-zero" else x) @ weight.T
+
+    x, weight = inputs(64)
+    zeros = (torch.zeros_like(x).requires_grad_(), weight)
+    assert kan_dispatch.choose_path("zeros", ["right-at-zero"], run, zeros, "torch") == "right-at-zero"
+    with pytest.warns(Warning, match="differs from torch"):
+        chosen = kan_dispatch.choose_path("span", ["right-at-zero"], run, zeros, "torch", span=(-3.0, 3.0))
+    assert chosen == "torch"
+    assert kan_dispatch.choose_path("span-good", ["good"], Paths(), zeros, "torch", span=(-3.0, 3.0)) == "good"

@@ -1,8 +1,11 @@
 """Choose the fastest correct path of a KAN layer per layer shape: checked and measured once, cached per process.
 
-Correctness is checked against the "torch" path on the first CHECK_ROWS rows of x only, so the check never
-materialises the full-size basis the torch path builds (gigabytes for a large training batch). Only paths that
-pass are timed, at full size; the torch path is the fallback, never a timed candidate.
+Correctness is checked against the "torch" path on CHECK_ROWS rows only, so the check never materialises the
+full-size basis the torch path builds (gigabytes for a large training batch): x's first rows, or, given a span, rows
+drawn over it (a KAN layer passes its grid's). A kernel's correctness does not depend on the data, and the batch's
+rows can say nothing about it: the inputs of LKAT's fc2 are all 0 at initialisation (one point of the grid, where the
+derivative's sum cancels), and inputs beyond the grid give outputs and gradients that vanish for every path. Only
+paths that pass are timed, at full size; the torch path is the fallback, never a timed candidate.
 
 On CUDA a path is timed by the device's time of its kernels, not by the wall clock: the calls are queued behind a
 device-side wait long enough for the host to queue them all, so the kernels run back to back and the host's pace
@@ -40,34 +43,56 @@ def clear_choices() -> None:
     _CHOICES.clear()
 
 
-def choose_path(key: tuple, paths: Sequence[str], run: Run, inputs: Sequence[torch.Tensor], default: str) -> str:
+def choose_path(
+    key: tuple,
+    paths: Sequence[str],
+    run: Run,
+    inputs: Sequence[torch.Tensor],
+    default: str,
+    span: tuple[float, float] | None = None,
+) -> str:
     """The cached path for key, else the fastest of `paths` whose results match the "torch" path.
 
     run(path, x, *params) computes the layer; inputs = (x, *params) with x [..., in]. The measurement is a
-    forward (and a backward, when grad mode is on and an input requires grad) on detached copies. While
-    torch.compile traces or a CUDA graph is captured nothing is measured and an unmeasured key gets default.
+    forward (and a backward, when grad mode is on and an input requires grad) on detached copies; with `span`
+    (lo, hi), the check's x is drawn uniformly over it (seeded) instead of being x's first rows. While torch.compile
+    traces or a CUDA graph is captured nothing is measured and an unmeasured key gets default.
     """
     if key in _CHOICES:
         return _CHOICES[key]
     if torch.compiler.is_compiling() or (torch.cuda.is_available() and torch.cuda.is_current_stream_capturing()):
         return default
-    _CHOICES[key] = _fastest_correct(key, [p for p in paths if p != "torch"], run, inputs)
+    _CHOICES[key] = _fastest_correct(key, [p for p in paths if p != "torch"], run, inputs, span)
     return _CHOICES[key]
 
 
-def _copies(inputs: Sequence[torch.Tensor], train: bool, rows: int | None = None) -> list[torch.Tensor]:
-    """Detached copies of (x, *params), x cut to its first `rows` rows, requiring grad as the originals do."""
+def _copies(
+    inputs: Sequence[torch.Tensor], train: bool, rows: int | None = None, span: tuple[float, float] | None = None
+) -> list[torch.Tensor]:
+    """Detached copies of (x, *params), x cut to its first `rows` rows (with span: as many rows drawn uniformly over
+    it, seeded), requiring grad as the originals do."""
     x, *params = inputs
     if rows is not None:
         x = x.reshape(-1, x.shape[-1])[:rows]
-    return [t.detach().clone().requires_grad_(t.requires_grad and train) for t in (x, *params)]
+    copies = [t.detach().clone().requires_grad_(t.requires_grad and train) for t in (x, *params)]
+    if span is not None:
+        generator = torch.Generator(device=x.device).manual_seed(0)
+        with torch.no_grad():
+            copies[0].uniform_(*span, generator=generator)
+    return copies
 
 
-def _fastest_correct(key: tuple, candidates: Sequence[str], run: Run, inputs: Sequence[torch.Tensor]) -> str:
-    """Check every candidate (output and all gradients) against torch on a row slice; time those that pass at
+def _fastest_correct(
+    key: tuple,
+    candidates: Sequence[str],
+    run: Run,
+    inputs: Sequence[torch.Tensor],
+    span: tuple[float, float] | None,
+) -> str:
+    """Check every candidate (output and all gradients) against torch on CHECK_ROWS rows; time those that pass at
     full size (in alternating rounds, each path's fastest round); torch if none passes."""
     train = torch.is_grad_enabled() and any(t.requires_grad for t in inputs)
-    head = _copies(inputs, train, CHECK_ROWS)
+    head = _copies(inputs, train, CHECK_ROWS, span)
     reference = _step(run, "torch", head, None)
     dy = torch.randn_like(reference[0]) if train else None
     reference = _step(run, "torch", head, dy)

@@ -423,6 +423,12 @@ def _check_backend(backend: str, fused_ok: bool) -> None:
         raise ValueError(f"the fused backend needs triton and x, weights in {TRITON_DTYPES} (on CUDA)")
 
 
+def _check_span(grid_min: float, grid_max: float, num_grids: int) -> tuple[float, float]:
+    """Where the path check draws its inputs: the grid and two spacings beyond each end (the Gaussians' tails)."""
+    h = (grid_max - grid_min) / (num_grids - 1)
+    return grid_min - 2 * h, grid_max + 2 * h
+
+
 def _shape_key(basis: str, x: torch.Tensor, weight: torch.Tensor, num_grids: int) -> tuple:
     """What the path choice depends on: form, shapes, dtypes (autocast included), device and grad mode."""
     device = x.device.type
@@ -455,7 +461,8 @@ def kan_linear(
                 return _run_kan(p, *args, grid_min, grid_max)
 
             key = _shape_key("kan", x, weight, grid_weight.shape[-1])
-            path = choose_path(key, PATHS, run, (x, grid_weight, weight), default="triton")
+            span = _check_span(grid_min, grid_max, grid_weight.shape[-1])
+            path = choose_path(key, PATHS, run, (x, grid_weight, weight), default="triton", span=span)
     return _run_kan(path, x, grid_weight, weight, grid_min, grid_max)
 
 
@@ -483,5 +490,6 @@ def edge_kan_linear(
                 return _run_edge(p, *args, grid_min, grid_max, num_grids)
 
             key = _shape_key("edge", x, weight, num_grids)
-            path = choose_path(key, ("torch", "fused"), run, (x, weight), default="torch")
+            span = _check_span(grid_min, grid_max, num_grids)
+            path = choose_path(key, ("torch", "fused"), run, (x, weight), default="torch", span=span)
     return _run_edge(path, x, weight, grid_min, grid_max, num_grids)
