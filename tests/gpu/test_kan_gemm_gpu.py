@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import time
+
 import pytest
 import torch
 
@@ -130,8 +132,6 @@ def test_auto_backend_picks_a_correct_path_once(basis: str) -> None:
 def test_paths_are_timed_by_the_devices_time_not_the_hosts() -> None:
     """device_seconds of matmuls queued by a slow host (a 2 ms pause after each) is the matmuls' own device time,
     as CUDA events give it for the same matmuls queued back to back, not the pauses' wall time."""
-    import time
-
     a = torch.randn(2048, 2048, device="cuda")
     for _ in range(3):
         a @ a  # cuBLAS picks and loads its kernel outside the timings
