@@ -23,7 +23,9 @@ input path, output path, forget gate and core of --gla-input, --gla-output, --gl
 ("eager", or a torch.compile mode with fullgraph=True: any graph break fails the row): train and inference
 images/s (`*_img_s`: the median step with a synchronisation after each, so the host's time before a step's first
 kernel counts; `*_pipelined_img_s`: --iters steps queued back to back between two synchronisations, best of three,
-as the trainer runs them; `*_pipelined_busy`: the profiled step's kernel time over the queued step's time), peak
+as the trainer runs them; `*_pipelined_busy`: the profiled step's kernel time over the queued step's time;
+`*_synchronised_busy`: the same over the median synchronised step's time, since the profiler's own work on the host
+lengthens the profiled step itself and its `gpu_busy` understates the busy share of a step run without it), peak
 memory per image (over the warm-up steps too, which compile, autotune Triton kernels whose tuning is not cached yet
 (--tune-first: an eager step of each LKAT before, so that its tuning stays out) and record CUDA graphs;
 `*_steady_peak_MiB_per_image`: the timed steps' alone), and one profiled training step and
@@ -446,6 +448,7 @@ def _compare_measure(name: str, kwargs: dict, backends: dict, mode: str, args: a
         row[f"{phase}_profile"] = profile = profile_step(fn, device, args.top_kernels)
         if device == "cuda":  # the GPU's share of a queued step: its kernel time over the queued step's time
             row[f"{phase}_pipelined_busy"] = profile["device_time_ms"] / queued
+            row[f"{phase}_synchronised_busy"] = profile["device_time_ms"] / ms
     return row
 
 
@@ -547,7 +550,12 @@ def compare(args: argparse.Namespace, out: Path) -> list[dict]:
 
 def _summary(row: dict) -> str:
     prof = row["train_profile"]
-    busy = "" if prof["gpu_busy"] is None else f", {prof['device_kernels']} kernels, GPU busy {prof['gpu_busy']:.0%}"
+    busy = ""
+    if prof["gpu_busy"] is not None:
+        busy = (
+            f", {prof['device_kernels']} kernels, GPU busy {row['train_synchronised_busy']:.0%} of a synchronised step "
+            f"({prof['gpu_busy']:.0%} of the profiled one)"
+        )
     return (
         f"train {row['train_img_s']:.4g} img/s ({row['train_pipelined_img_s']:.4g} queued), infer "
         f"{row['infer_img_s']:.4g} img/s ({row['infer_pipelined_img_s']:.4g} queued){busy}, "
@@ -560,7 +568,7 @@ def print_compare(rows: list[dict]) -> None:
     print(
         "| model | compile | train img/s | infer img/s | train × ViT | infer × ViT | train × ViT eager "
         "| queued train × ViT | queued infer × ViT | queued train × ViT patch matmul | queued infer × ViT patch matmul "
-        "| kernels / step | launch calls | GPU busy | copy share | MiB / image (train) | GPU |"
+        "| kernels / step | launch calls | GPU busy, synchronised (profiled) | copy share | MiB / image (train) | GPU |"
     )
     print("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
     for r in rows:
@@ -578,7 +586,7 @@ def print_compare(rows: list[dict]) -> None:
             "infer_pipelined_x_vit_matmul",
         )
         cells = [f"{r[k]:.2f}×" if k in r else "—" for k in ratios]
-        busy = "—" if p["gpu_busy"] is None else f"{p['gpu_busy']:.0%}"
+        busy = "—" if p["gpu_busy"] is None else f"{r['train_synchronised_busy']:.0%} ({p['gpu_busy']:.0%})"
         mem = "—" if r["train_peak_MiB_per_image"] is None else f"{r['train_peak_MiB_per_image']:.1f}"
         speed = f"{r['train_img_s']:.4g} | {r['infer_img_s']:.4g} | {' | '.join(cells)}"
         work = f"{p['device_kernels'] or '—'} | {p['launch_calls'] or '—'} | {busy} | {p['copy_share']:.1%}"
