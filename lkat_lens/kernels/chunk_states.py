@@ -41,6 +41,7 @@ import triton
 import triton.language as tl
 
 from .dtypes import compute_dtype
+from .host_math import cdiv
 from .tuned import TunedKernel
 
 INTERPRET = os.environ.get("TRITON_INTERPRET", "0") == "1"
@@ -55,14 +56,14 @@ _DOT_IN_FP32: tl.constexpr = tl.constexpr(INTERPRET)
 
 def _last_tokens(T: int, chunk_size: int, device: torch.device) -> torch.Tensor:
     """Index of each chunk's last token."""
-    return (torch.arange(1, triton.cdiv(T, chunk_size) + 1, device=device) * chunk_size).clamp(max=T) - 1
+    return (torch.arange(1, cdiv(T, chunk_size) + 1, device=device) * chunk_size).clamp(max=T) - 1
 
 
 def own_states_reference(k: torch.Tensor, v: torch.Tensor, g: torch.Tensor, chunk_size: int) -> torch.Tensor:
     """The forward own terms x of the module docstring, [B, NT, H, K, V] in fp32 (fp64 for fp64 inputs)."""
     dtype = compute_dtype(k)
     B, T, H, K = k.shape
-    NT = triton.cdiv(T, chunk_size)
+    NT = cdiv(T, chunk_size)
     x = k.new_zeros(B, NT, H, K, v.shape[-1], dtype=dtype)
     g_last = g[:, _last_tokens(T, chunk_size, k.device)].to(dtype)
     for c in range(NT - 1):
@@ -78,7 +79,7 @@ def own_state_grads_reference(
     """The backward own terms x of the module docstring, [B, NT, H, K, V] in fp32 (fp64 for fp64 inputs)."""
     dtype = compute_dtype(q)
     B, T, H, K = q.shape
-    NT = triton.cdiv(T, chunk_size)
+    NT = cdiv(T, chunk_size)
     x = q.new_zeros(B, NT, H, K, do.shape[-1], dtype=dtype)
     for c in range(1, NT):
         rows = slice(c * chunk_size, (c + 1) * chunk_size)
@@ -277,7 +278,7 @@ def scan(x: torch.Tensor, g: torch.Tensor, chunk_size: int, reverse: bool = Fals
     interpreter), a new tensor in out_dtype (x's by default; never in place: the autotuner runs the kernel again)."""
     B, NT, H, K, V = x.shape
     T = g.shape[1]
-    if g.shape != (B, T, H, K) or NT != triton.cdiv(T, chunk_size):
+    if g.shape != (B, T, H, K) or NT != cdiv(T, chunk_size):
         raise ValueError(f"chunk states {tuple(x.shape)} do not fit gates {tuple(g.shape)} in chunks of {chunk_size}")
     return _scan(x, g, T, chunk_size, reverse, out_dtype, totals=False)
 
@@ -287,7 +288,7 @@ def _scan(x, g, T: int, chunk_size: int, reverse: bool, out_dtype, totals: bool)
     B, NT, H, K, V = x.shape
     y = torch.empty_like(x, dtype=out_dtype or x.dtype)
     args = (x, g, y, T, NT, H, K, V, chunk_size)
-    grid = lambda m: (triton.cdiv(K * V, m["BE"]), B * H)  # noqa: E731
+    grid = lambda m: (cdiv(K * V, m["BE"]), B * H)  # noqa: E731
     if INTERPRET:
         _scan_kernel[grid(_INTERP_TILE)](*args, **_INTERP_TILE, REVERSE=reverse, TOTALS=totals)
     else:
@@ -304,11 +305,11 @@ def _own_terms(
         raise ValueError(f"{tuple(a.shape)}, {tuple(b.shape)} and gates {tuple(g.shape)} do not fit chunks of "
                          f"{chunk_size} (tl.dot needs a power of two, 16 or more)")  # fmt: skip
     B, T, H, K, V = *a.shape, b.shape[-1]
-    NT = triton.cdiv(T, chunk_size)
+    NT = cdiv(T, chunk_size)
     x = a.new_empty(B, NT, H, K, V, dtype=torch.float)
     totals = a.new_empty((B, NT, H, K) if raw else (0,), dtype=torch.float)
     args = (a, b, g, x, totals, *scale, T, NT, H, K, V, chunk_size)
-    grid = lambda m: (triton.cdiv(K, m["BK"]) * triton.cdiv(V, m["BV"]), NT, B * H)  # noqa: E731
+    grid = lambda m: (cdiv(K, m["BK"]) * cdiv(V, m["BV"]), NT, B * H)  # noqa: E731
     # exact products of fp32 operands (as gla_short's walks take them), TF32 would cost fp32 inputs ~5e-4
     precision = "ieee" if a.dtype == b.dtype == torch.float32 else "tf32"
     meta = dict(BS=min(chunk_size, _TOKEN_BLOCK), PRECISION=precision, RAW=raw)

@@ -28,6 +28,7 @@ import triton
 import triton.language as tl
 
 from .autograd_ops import ANY_STRIDES, Kernel, differentiable
+from .host_math import cdiv, next_power_of_2
 from .tuned import TunedKernel, programs_key
 
 INTERPRET = os.environ.get("TRITON_INTERPRET", "0") == "1"
@@ -153,9 +154,9 @@ def gated_norm_fwd(o, g, weight, bias, eps: float) -> torch.Tensor:
     out = torch.empty(N, H, V, dtype=torch.promote_types(o.dtype, g.dtype), device=o.device)
     rows = N * H
     if rows:
-        meta = dict(V=V, BV=triton.next_power_of_2(V))
+        meta = dict(V=V, BV=next_power_of_2(V))
         args = (o, g, weight, bias, out, o.stride(), g.stride(), rows, H, eps, programs_key(rows))
-        _launch("forward", lambda br: triton.cdiv(rows, br), *args, **meta)
+        _launch("forward", lambda br: cdiv(rows, br), *args, **meta)
     return out
 
 
@@ -170,9 +171,9 @@ def gated_norm_bwd(o, g, weight, bias, dout, eps: float, dg: torch.Tensor | None
         dg = torch.empty(N, H, V, dtype=g.dtype, device=o.device)
     if not rows:
         return do, dg, torch.zeros(2, V, dtype=torch.float32, device=o.device)
-    programs = triton.cdiv(rows, _BWD_ROWS)
+    programs = cdiv(rows, _BWD_ROWS)
     part = torch.empty(2, V, programs, dtype=torch.float32, device=o.device)
-    meta = dict(V=V, BV=triton.next_power_of_2(V), ROWS=_BWD_ROWS)
+    meta = dict(V=V, BV=next_power_of_2(V), ROWS=_BWD_ROWS)
     strides = (o.stride(), g.stride(), dout.stride(), dg.stride())
     args = (o, g, weight, bias, dout, do, dg, part, *strides, rows, H, eps, programs_key(rows))
     _launch("backward", lambda br: programs, *args, **meta)

@@ -26,10 +26,10 @@ from __future__ import annotations
 from typing import Any
 
 import torch
-import triton
 
 from . import chunk_states
 from .autograd_ops import Kernel, differentiable
+from .host_math import next_power_of_2
 
 MODES = ("chunk", "fused_recurrent")
 PARALLEL_STATES_MIN_T = 3072  # H200 sweep (bench_gla.py --states-lengths): loses at 2053 tokens, wins from 4101
@@ -50,7 +50,7 @@ def _reference_backward(q, k, v, gk, do, scale) -> tuple[torch.Tensor, ...]:
 
 def _chunk_size(T: int) -> int:
     """fla's chunk size for a sequence of T (ChunkGLAFunction.forward)."""
-    return min(64, max(16, triton.next_power_of_2(T)))
+    return min(64, max(16, next_power_of_2(T)))
 
 
 def parallel_states(T: int) -> bool:

@@ -32,6 +32,7 @@ import triton
 import triton.language as tl
 
 from .autograd_ops import ANY_STRIDES, Kernel, differentiable
+from .host_math import cdiv, next_power_of_2
 from .tuned import TunedKernel, programs_key
 
 INTERPRET = os.environ.get("TRITON_INTERPRET", "0") == "1"
@@ -160,7 +161,7 @@ def gla_gate_fwd(code: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, n
     gk = torch.empty(N, K, dtype=torch.float32, device=code.device)
     if N and K:
         args = (code, weight, bias, gk, *code.stride(), *weight.stride(), N, K, R, 1.0 / normalizer, programs_key(N))
-        grid = lambda m: (triton.cdiv(N, m["BR"]), triton.cdiv(K, m["BK"]))  # noqa: E731
+        grid = lambda m: (cdiv(N, m["BR"]), cdiv(K, m["BK"]))  # noqa: E731
         _launch("forward", grid, *args, **_products(code, R))
     return gk
 
@@ -181,7 +182,7 @@ def gla_gate_bwd(
         dcode = torch.empty(N, R, dtype=code.dtype, device=code.device)
     if not (N and K):
         return dcode.zero_(), torch.zeros(R + 1, K, dtype=torch.float32, device=code.device)
-    programs = triton.cdiv(N, _BWD_ROWS)
+    programs = cdiv(N, _BWD_ROWS)
     part = torch.empty(programs, R + 1, K, dtype=torch.float32, device=code.device)
     strides = (*code.stride(), *weight.stride(), *dgk.stride(), *dcode.stride())
     args = (code, weight, bias, dgk, dcode, part, *strides, N, K, R, 1.0 / normalizer, programs_key(N))
@@ -197,7 +198,7 @@ def _products(code: torch.Tensor, rank: int) -> dict:
 
 def _rank_block(rank: int) -> int:
     """The code's columns as a tile: a power of two, at least 16 (tl.dot's smallest operand)."""
-    return max(16, triton.next_power_of_2(rank))
+    return max(16, next_power_of_2(rank))
 
 
 # Both ops read the code through its strides (a column slice of the projection output), the backward dgk too.

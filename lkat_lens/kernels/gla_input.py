@@ -35,6 +35,7 @@ import triton.language as tl
 
 from .autograd_ops import ANY_STRIDES, Kernel, differentiable
 from .dtypes import compute_dtype
+from .host_math import cdiv, next_power_of_2
 from .tuned import TunedKernel, programs_key
 
 INTERPRET = os.environ.get("TRITON_INTERPRET", "0") == "1"
@@ -298,7 +299,7 @@ def _operands(x, conv_weight, norm_weight, cos, sin, heads: int) -> tuple[tuple[
     weight = conv_weight.reshape(x.shape[-1], -1).contiguous()
     optional = tuple(x if t is None else t.float().contiguous() for t in (norm_weight, cos, sin))
     head_dim = x.shape[-1] // heads
-    meta = dict(DH=head_dim, BD=triton.next_power_of_2(head_dim), TAPS=weight.shape[-1])
+    meta = dict(DH=head_dim, BD=next_power_of_2(head_dim), TAPS=weight.shape[-1])
     return (weight, *optional), meta | dict(NORM=norm_weight is not None, ROPE=cos is not None)
 
 
@@ -309,7 +310,7 @@ def gla_input_fwd(x, conv_weight, norm_weight, cos, sin, heads: int, eps: float)
     if out.numel():
         weights, meta = _operands(x, conv_weight, norm_weight, cos, sin, heads)
         args = (x, *weights, out, *x.stride(), *out.flatten(2).stride(), T, heads, eps, programs_key(B, heads))
-        _launch("forward", lambda bt: triton.cdiv(T, bt), B, heads, *args, **meta)
+        _launch("forward", lambda bt: cdiv(T, bt), B, heads, *args, **meta)
     return out
 
 
@@ -322,7 +323,7 @@ def gla_input_bwd(
     taps = conv_weight.shape[-1]
     norm = norm_weight is not None
     rows, tiles = backward_tiles(taps)
-    groups = triton.cdiv(triton.cdiv(T, rows - (taps - 1)), tiles)  # programs along the rows
+    groups = cdiv(cdiv(T, rows - (taps - 1)), tiles)  # programs along the rows
     dw = torch.empty(D, taps, groups * B, dtype=torch.float32, device=x.device)
     dnw = torch.empty(D // heads, groups * B * heads if norm else 0, dtype=torch.float32, device=x.device)
     if dx is None:

@@ -65,6 +65,7 @@ import triton.language as tl
 
 from . import chunk_states
 from .autograd_ops import Kernel, differentiable
+from .host_math import cdiv
 from .tuned import TunedKernel, programs_key
 
 INTERPRET = os.environ.get("TRITON_INTERPRET", "0") == "1"
@@ -424,8 +425,8 @@ def _check(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, gk: torch.Tensor, 
 def _segments(T: int, segment: int) -> tuple[int, int]:
     """(rows per walk, walks per sequence): the segment length, or the whole sequence (in whole chunks) once."""
     if segment:
-        return segment, triton.cdiv(T, segment)
-    return max(triton.cdiv(T, CHUNK.value), 1) * CHUNK.value, 1
+        return segment, cdiv(T, segment)
+    return max(cdiv(T, CHUNK.value), 1) * CHUNK.value, 1
 
 
 def _no_states(q: torch.Tensor) -> torch.Tensor:
@@ -452,7 +453,7 @@ def gla_short_fwd(
     accumulator = o if o.dtype == torch.float32 else torch.empty(o.shape, dtype=torch.float32, device=o.device)
     strides = (q.stride(), k.stride(), v.stride(), gk.stride(), o.stride())
     meta = dict(K=K, V=V, PRECISION=_precision(q, k, v))
-    chunks = triton.cdiv(T, CHUNK.value)
+    chunks = cdiv(T, CHUNK.value)
     _kernel("fwd_intra", V)[(B * H, chunks)](
         q, k, v, gk, accumulator, *strides, T, H, scale, programs_key(B, H, chunks), **meta
     )
@@ -515,7 +516,7 @@ def empty_states(q: torch.Tensor, v: torch.Tensor, segment: int) -> torch.Tensor
     B, T, H, K = q.shape
     if not segment or B * T * H * K * v.shape[-1] == 0:
         return _no_states(q)
-    return q.new_empty(B, triton.cdiv(T, segment), H, K, v.shape[-1], dtype=torch.float)
+    return q.new_empty(B, cdiv(T, segment), H, K, v.shape[-1], dtype=torch.float)
 
 
 @_gla_short_op.register_fake

@@ -27,6 +27,7 @@ import torch
 import triton
 import triton.language as tl
 
+from .host_math import cdiv
 from .rbf import check_grid
 from .rbf_triton import INTERPRET, num_sms
 from .tuned import TunedKernel, programs_key
@@ -338,7 +339,7 @@ def _launch(name: str, tiles: tuple[int, int], blocks: str, *args, spans: int = 
     meta = _INTERP_META if INTERPRET else {}
     rows, cols = tiles
     block_r, block_c = (f"BLOCK_{b}" for b in blocks)
-    grid = lambda m: (triton.cdiv(rows, m[block_r]) * triton.cdiv(cols, m[block_c]), spans)  # noqa: E731
+    grid = lambda m: (cdiv(rows, m[block_r]) * cdiv(cols, m[block_c]), spans)  # noqa: E731
     _kernel(name)[grid](*args, **kwargs, **meta)
 
 
@@ -412,7 +413,7 @@ def kan_bwd(
     if need_dx:
         dx = torch.empty(M, K, device=x2d.device, dtype=x2d.dtype)
         min_block_m = _INTERP_META["BLOCK_M"] if INTERPRET else min(t[0] for t in _TILES["kan_dx"])
-        part = torch.zeros(triton.cdiv(M, min_block_m), K, G, device=x2d.device, dtype=torch.float32)
+        part = torch.zeros(cdiv(M, min_block_m), K, G, device=x2d.device, dtype=torch.float32)
         if M:
             _launch(
                 "kan_dx", (M, K), "MK", x2d, gw32, weight, dy, dx, part, M, N, K, programs_key(M),
@@ -441,7 +442,7 @@ def _row_splits(device: torch.device, M: int, N: int, K: int) -> int:
     order (deterministic)."""
     if INTERPRET:
         return max(1, min(4, M // _INTERP_META["BLOCK_M"]))
-    tiles = triton.cdiv(N, 64) * triton.cdiv(K, 64)
+    tiles = cdiv(N, 64) * cdiv(K, 64)
     waves = 2 * num_sms(device)
     return max(1, min(waves // tiles, M // _MIN_SPLIT_ROWS))
 
@@ -500,6 +501,6 @@ def edge_bwd(
         if M:
             _launch(
                 "edge_dw", (N, K), "NK", x2d, dy, dw, M, N, K, programs_key(M), *x2d.stride(), *dy.stride(),
-                *dw.stride(), scale, shift, G=G, DOT=dot, spans=triton.cdiv(G, _SPAN),
+                *dw.stride(), scale, shift, G=G, DOT=dot, spans=cdiv(G, _SPAN),
             )  # fmt: skip
     return dx, dw

@@ -25,6 +25,7 @@ import torch
 import triton
 import triton.language as tl
 
+from .host_math import cdiv, next_power_of_2
 from .tuned import TunedKernel, programs_key
 
 # Centers per pair of exponentials. exp(-v^2) at a span's first center is a normal fp32 number for
@@ -160,7 +161,7 @@ def num_sms(device: torch.device) -> int:
 
 def _interp_tile(D: int) -> tuple[int, int]:
     """(BLOCK_N, BLOCK_D) under the interpreter."""
-    block_d = min(triton.next_power_of_2(D), 32)
+    block_d = min(next_power_of_2(D), 32)
     return max(1, _INTERP_TILE // block_d), block_d
 
 
@@ -189,14 +190,14 @@ def rbf_grid_linear_fwd(
     args = (x2d, w32, x2d, y, w32, x2d, n_rows, D, scale, shift, dx_scale, programs_key(n_rows))
     if INTERPRET:
         block_n, block_d = _interp_tile(D)
-        launch = (min(triton.cdiv(n_rows, block_n), _INTERP_ROW_PROGRAMS), triton.cdiv(D, block_d))
+        launch = (min(cdiv(n_rows, block_n), _INTERP_ROW_PROGRAMS), cdiv(D, block_d))
         _rbf_grid_linear_kernel[launch](*args, G=G, BACKWARD=False, BLOCK_N=block_n, BLOCK_D=block_d)
         return y
     cap = _PROGRAMS_PER_SM * num_sms(x2d.device)
 
     def grid(m: dict) -> tuple[int, int]:
-        d_tiles = triton.cdiv(D, m["BLOCK_D"])
-        return max(1, min(triton.cdiv(n_rows, m["BLOCK_N"]), cap // d_tiles)), d_tiles
+        d_tiles = cdiv(D, m["BLOCK_D"])
+        return max(1, min(cdiv(n_rows, m["BLOCK_N"]), cap // d_tiles)), d_tiles
 
     _autotuned(False, D > 1)[grid](*args, G=G, BACKWARD=False)
     return y
@@ -222,15 +223,15 @@ def rbf_grid_linear_bwd(
         return dx, torch.zeros(D, G, device=x2d.device), *(() if y is None else (y,))
     if INTERPRET:
         block_n, block_d = _interp_tile(D)
-        programs = min(triton.cdiv(n_rows, block_n), _INTERP_ROW_PROGRAMS)
+        programs = min(cdiv(n_rows, block_n), _INTERP_ROW_PROGRAMS)
     else:
         block_n, block_d = None, (1 if D == 1 else _BWD_BLOCK_D)
         min_block_n = min(c.kwargs["BLOCK_N"] for c in _backward_configs(D > 1))
-        cap = _PROGRAMS_PER_SM * num_sms(x2d.device) // triton.cdiv(D, block_d)
-        programs = max(1, min(triton.cdiv(n_rows, min_block_n), cap))
+        cap = _PROGRAMS_PER_SM * num_sms(x2d.device) // cdiv(D, block_d)
+        programs = max(1, min(cdiv(n_rows, min_block_n), cap))
     part = torch.empty((programs, D, G), device=x2d.device, dtype=torch.float32)
     args = (x2d, w32, dy2d, dx, part, x2d if y is None else y, n_rows, D, scale, shift, dx_scale, programs_key(n_rows))
-    launch = (programs, triton.cdiv(D, block_d))
+    launch = (programs, cdiv(D, block_d))
     meta = dict(G=G, BACKWARD=True, BLOCK_D=block_d, WRITE_Y=y is not None)
     if INTERPRET:
         _rbf_grid_linear_kernel[launch](*args, **meta, BLOCK_N=block_n)

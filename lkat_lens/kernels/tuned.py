@@ -20,10 +20,11 @@ import math
 from typing import Any
 
 import torch
-import triton
 from triton import knobs
 from triton.runtime import driver
 from triton.runtime.autotuner import Autotuner
+
+from .host_math import next_power_of_2
 
 DIRECT = True
 _I32, _I64 = 2**31, 2**63
@@ -34,7 +35,7 @@ def programs_key(*counts: int) -> int:
     `counts` (its programs, or its rows). Which configuration wins (warps, row tiles, a register cap) depends on how
     many programs share the SMs, and Triton's autotuning cache outlives the process: keyed on the shapes alone, a
     tuning made at a test's or an analysis's batch of 2 would serve a training batch of 128."""
-    return triton.next_power_of_2(math.prod(counts))
+    return next_power_of_2(math.prod(counts))
 
 
 def specialisation(args: tuple, constexpr: tuple[bool, ...]) -> tuple:
