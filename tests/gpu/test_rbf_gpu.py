@@ -139,12 +139,19 @@ def test_auto_backend_and_layouts() -> None:
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
 def test_backward_writes_the_forwards_output(form: str, dtype: torch.dtype) -> None:
     """The backward that also writes y (the KAN layer's eager paths read psi from it): y in x's dtype and in bf16 as
-    the forward kernel writes it, to one rounding of y's dtype, and the same dx and dw as the plain backward."""
+    the forward kernel writes it, to one rounding of y's dtype, the same dx as the plain backward and its dw to fp32
+    summation order: dw adds the rows in one partial sum per program, and where y's dtype is not x's the autotuner
+    (whose key holds the operands' dtypes) tunes this kernel apart from the plain one; another row tile groups the rows
+    differently (H100: 512 against 256 rows, dw 5e-7 apart relative to its largest value at fp32, shared form)."""
     x, w, dy = _operands(form, 4099, 768, 4, dtype, seed=7)
     _, dx, dw = _triton_fwd_bwd(x, w, dy, *GRIDS[0])
     for out_dtype in (dtype, torch.bfloat16):
         got_dx, got_dw, y = backward_and_output(x, w, dy, *GRIDS[0], True, out_dtype)
         forward = rbf_grid_linear(x, w, *GRIDS[0], backend="triton", out_dtype=out_dtype)
-        assert y.dtype == out_dtype and torch.equal(got_dx, dx) and torch.equal(got_dw, dw)
+        assert y.dtype == out_dtype and torch.equal(got_dx, dx)
+        if out_dtype == x.dtype:  # the plain backward's own tuning key: the same kernel, the same sums
+            assert torch.equal(got_dw, dw)
+        else:  # a reordered sum of 4,099 rows x 768 channels: within 2^-17 of the largest |dw|
+            assert ((got_dw - dw).abs() <= 2.0**-17 * dw.abs().max()).all()
         eps = torch.finfo(out_dtype).eps
         assert ((y.float() - forward.float()).abs() <= eps * forward.float().abs() + 1e-30).all()
