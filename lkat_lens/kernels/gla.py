@@ -38,6 +38,7 @@ import torch.nn.functional as F
 
 from . import gla_fla, gla_short
 from .dtypes import compute_dtype
+from .host_math import cdiv
 
 MODES = ("auto", "chunk", "fused_recurrent", "short", "torch")
 AUTO_RECURRENT_MAX_T = 64
@@ -143,8 +144,8 @@ def gla_chunked(
     qh, kh, vh, gh = _heads_first(dtype, q, k, v, gk)
     T = qh.shape[2]
     sub = _sub_chunk_size(chunk_size)
-    n = -(-T // chunk_size)
-    size = -(-T // (n * sub)) * sub
+    n = cdiv(T, chunk_size)
+    size = cdiv(T, n * sub) * sub
     pad = n * size - T
     qh, kh, vh, gh = (F.pad(x, (0, 0, 0, pad)) for x in (qh * scale, kh, vh, gh))
     state = None if initial_state is None else initial_state.to(dtype)
