@@ -140,10 +140,14 @@ def _forward_configs(channel: bool) -> list[triton.Config]:
     return [triton.Config({"BLOCK_N": n, "BLOCK_D": d}, num_warps=w) for n, d, w in tiles]
 
 
+# The backward's tiles (rows per tile, warps) for per-channel and shared weights; small tiles keep G accumulators in
+# registers. The launcher sizes its partial sums by the smallest row tile.
+_BACKWARD_TILES = {True: ((4, 2), (8, 2), (8, 4), (16, 4)), False: ((256, 2), (512, 4), (1024, 8))}
+
+
 def _backward_configs(channel: bool) -> list[triton.Config]:
-    """Autotune candidates of the backward (rows per tile, warps); small tiles keep G accumulators in registers."""
-    tiles = ((4, 2), (8, 2), (8, 4), (16, 4)) if channel else ((256, 2), (512, 4), (1024, 8))
-    return [triton.Config({"BLOCK_N": n}, num_warps=w) for n, w in tiles]
+    """Autotune candidates of the backward (_BACKWARD_TILES)."""
+    return [triton.Config({"BLOCK_N": n}, num_warps=w) for n, w in _BACKWARD_TILES[channel]]
 
 
 @functools.cache
@@ -226,7 +230,7 @@ def rbf_grid_linear_bwd(
         programs = min(cdiv(n_rows, block_n), _INTERP_ROW_PROGRAMS)
     else:
         block_n, block_d = None, (1 if D == 1 else _BWD_BLOCK_D)
-        min_block_n = min(c.kwargs["BLOCK_N"] for c in _backward_configs(D > 1))
+        min_block_n = min(n for n, _ in _BACKWARD_TILES[D > 1])
         cap = _PROGRAMS_PER_SM * num_sms(x2d.device) // cdiv(D, block_d)
         programs = max(1, min(cdiv(n_rows, min_block_n), cap))
     part = torch.empty((programs, D, G), device=x2d.device, dtype=torch.float32)
