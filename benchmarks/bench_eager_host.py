@@ -14,6 +14,11 @@ thread ("device", torch's default) and on the calling thread ("caller", torch.au
 "steps": ViT's and LKAT's eager training and inference steps as they are, for comparing two trees of lkat_lens run
 as alternating processes (put the other tree's export first on PYTHONPATH: `git archive REV lkat_lens | tar -x -C
 DIR`; each row names the lkat_lens it imported).
+"ratio": ViT's and LKAT's eager training steps of a size interleaved in one process, --rounds blocks of --iters
+synchronised steps each, LKAT's speed against ViT's by their fastest steps and by the medians of their block medians.
+The lent GPU machines' host runs an eager step's Python at a speed that moves by up to 2x between processes and within
+one (ViT-T's block medians 19-39 ms, LKAT-T's 36-87 ms; the main thread's CPU time equals the wall time, so the step
+computes rather than waits, H100 machine 2026-11-28): the fastest step is the estimate least moved by it.
 A training step: bf16 autocast, fused AdamW, batch --batch at 224², synchronised after --iters steps; an inference
 step: the model in eval mode under no_grad and bf16 autocast. Writes JSON and prints markdown.
 """
@@ -212,7 +217,47 @@ def compare_steps(args: argparse.Namespace) -> list[dict]:
     return rows
 
 
+def compare_ratio(args: argparse.Namespace) -> list[dict]:
+    """Rows of the "ratio" comparison: each size's ViT and LKAT eager training steps, interleaved."""
+    rows = []
+    for size in args.sizes:
+        steps = {config.label: training_step(config, args.batch) for config in (vit(size), lkat(size, "auto"))}
+        for step in steps.values():
+            for _ in range(args.warmup):
+                step()
+        times: dict[str, list[float]] = {name: [] for name in steps}
+        blocks: dict[str, list[float]] = {name: [] for name in steps}
+        for _ in range(args.rounds):
+            for name, step in steps.items():
+                block = []
+                for _ in range(args.iters):
+                    torch.cuda.synchronize()
+                    start = time.perf_counter()
+                    step()
+                    torch.cuda.synchronize()
+                    block.append((time.perf_counter() - start) * 1e3)
+                times[name] += block
+                blocks[name].append(statistics.median(block))
+        vit_label, lkat_label = steps
+        fastest = {name: min(t) for name, t in times.items()}
+        typical = {name: statistics.median(b) for name, b in blocks.items()}
+        rows.append({
+            "what": f"{lkat_label} against {vit_label}, eager training step", "times": times, "block_medians": blocks,
+            "fastest_ms": fastest, "block_median_ms": typical, "lkat_lens": lkat_lens.__file__,
+            "fastest_x_vit": fastest[vit_label] / fastest[lkat_label],
+            "block_median_x_vit": typical[vit_label] / typical[lkat_label],
+        })  # fmt: skip
+    return rows
+
+
 def main() -> None:
+    comparisons = {
+        "callers": (compare_callers, PATHS),
+        "threads": (compare_threads, THREADS),
+        "launches": (compare_launches, LAUNCHES),
+        "steps": (compare_steps, ("as is",)),
+        "ratio": (compare_ratio, ()),
+    }
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--sizes", nargs="+", default=["tiny", "small"], choices=["tiny", "small", "base"])
     parser.add_argument("--batch", type=int, default=128)
@@ -220,20 +265,12 @@ def main() -> None:
     parser.add_argument("--iters", type=int, default=10)
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--calls", type=int, default=300, help="timed calls per op and round")
-    parser.add_argument(
-        "--compare", nargs="+", default=["callers", "threads"], choices=["callers", "threads", "launches", "steps"]
-    )
+    parser.add_argument("--compare", nargs="+", default=["callers", "threads"], choices=list(comparisons))
     parser.add_argument("--out", type=Path, default=None)
     args = parser.parse_args()
     torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = True  # as the trainer under autocast
     torch.autograd.set_multithreading_enabled(False)  # as the trainer ("threads" compares both)
     env = environment()
-    comparisons = {
-        "callers": (compare_callers, PATHS),
-        "threads": (compare_threads, THREADS),
-        "launches": (compare_launches, LAUNCHES),
-        "steps": (compare_steps, ("as is",)),
-    }
     rows = []
     for name in args.compare:
         run, variants = comparisons[name]
@@ -242,6 +279,12 @@ def main() -> None:
     write_result(args.out or dated_result_path("bench_eager_host", env), rows)
     for name in args.compare:
         variants = comparisons[name][1]
+        if name == "ratio":
+            for r in (r for r in rows if r["comparison"] == name):
+                print(f"\n{r['what']}: {r['fastest_x_vit']:.3f}x by the fastest steps "
+                      f"({', '.join(f'{k} {v:.1f} ms' for k, v in r['fastest_ms'].items())}), "
+                      f"{r['block_median_x_vit']:.3f}x by the block medians; {r['gpu']}, {r['lkat_lens']}")  # fmt: skip
+            continue
         print(f"\n| {name}: what | " + " | ".join(f"{v} (median; all rounds)" for v in variants) + " | GPU |")
         print("|---|" + "---|" * (len(variants) + 1))
         for r in (r for r in rows if r["comparison"] == name):
