@@ -127,15 +127,28 @@ class TunedKernel:
     @staticmethod
     def _start(plan: _Plan, grid, args: tuple) -> None:
         """Start the plan's compiled kernel as JITFunction.run would: every parameter in order, the grid of three, the
-        current stream, the launch hooks (the launch metadata only for an enter hook, as Triton builds it)."""
+        current stream, Triton's launch hooks with the launch metadata (see `_hooks`)."""
         compiled, bound = plan.compiled, args + plan.tail
         if callable(grid):
             grid = grid(plan.named)
         size = (*grid, 1, 1)
         stream = driver.active.get_current_stream(driver.active.get_current_device())
-        enter = knobs.runtime.launch_enter_hook
-        metadata = None if enter is None else compiled.launch_metadata(grid, stream, *bound)
+        enter, leave = _hooks()
+        metadata = None if enter is leave is None else compiled.launch_metadata(grid, stream, *bound)
         compiled.run(
-            size[0], size[1], size[2], stream, compiled.function, compiled.packed_metadata, metadata,
-            enter, knobs.runtime.launch_exit_hook, *bound,
+            size[0], size[1], size[2], stream, compiled.function, compiled.packed_metadata, metadata, enter, leave,
+            *bound,
         )  # fmt: skip
+
+
+def _has_hooks(chain: Any) -> bool:
+    """Whether a launch hook would run: not None and, for Triton's HookChain, holding a hook."""
+    return chain is not None and bool(getattr(chain, "calls", True))
+
+
+def _hooks() -> tuple[Any, Any]:
+    """Triton's launch enter and exit hooks as this module passes them to the launcher, which calls a hook unless it
+    is None: both as they are while either holds a hook (profilers such as proton add one), else None for both, so
+    that no launch builds metadata for empty chains or calls them (Triton's own launch does both for every launch)."""
+    enter, leave = knobs.runtime.launch_enter_hook, knobs.runtime.launch_exit_hook
+    return (enter, leave) if _has_hooks(enter) or _has_hooks(leave) else (None, None)

@@ -91,3 +91,29 @@ def test_lkat_step_gives_the_same_values_started_directly_and_through_triton() -
         tuned.DIRECT = True
     assert len(direct) == len(jit) > 10
     assert max(rel_norm(a, b) for a, b in zip(direct, jit, strict=True)) < 1e-6
+
+
+def test_launch_hooks_see_every_direct_launch() -> None:
+    """With a hook in Triton's launch enter chain, direct launches call it with the launch metadata (a LazyDict whose
+    get() holds the kernel's name), as Triton's own launches do; with the chains empty again, launches call none."""
+    kernel = TunedKernel(triton.autotune(configs=[triton.Config({"BLOCK": 128})], key=["n"])(_axpy))
+    seen = []
+
+    def hook(metadata) -> None:
+        seen.append(metadata.get()["name"])
+
+    x, y, out = _operands(1000, torch.float32, 0)
+    grid = lambda m: (triton.cdiv(1000, m["BLOCK"]),)  # noqa: E731
+    for _ in range(3):  # autotune, then through JITFunction.run: the plan exists from here on
+        kernel[grid](x, y, out, 1000, 0.5, SCALE_Y=2.0)
+    assert len(kernel._plans) == 1
+    triton.knobs.runtime.launch_enter_hook.add(hook)
+    try:
+        kernel[grid](x, y, out, 1000, 0.5, SCALE_Y=2.0)
+        kernel[grid](x, y, out, 1000, 0.5, SCALE_Y=2.0)
+    finally:
+        triton.knobs.runtime.launch_enter_hook.remove(hook)
+    kernel[grid](x, y, out, 1000, 0.5, SCALE_Y=2.0)
+    torch.cuda.synchronize()
+    assert seen == ["_axpy", "_axpy"], seen
+    assert torch.equal(out, 0.5 * x + 2.0 * y)
