@@ -18,6 +18,7 @@ import triton.language as tl
 import triton_interpreter
 from triton.runtime.autotuner import Autotuner
 
+from lkat_lens.kernels import tuned
 from lkat_lens.kernels.tuned import TunedKernel
 
 INTERPRET = os.environ.get("TRITON_INTERPRET", "0") == "1"
@@ -80,6 +81,21 @@ def test_the_autotuner_runs_once_per_key_and_its_choice_is_launched(interp: dict
     first call only, and every call runs the configuration it chose (the widest tile, not its first configuration)."""
     assert interp["autotuner_runs"] == [100, 37, 100], interp
     assert [call["tile"] for call in interp["calls"]] == [max(BLOCKS)] * 6, interp["calls"]
+
+
+def test_direct_launches_pass_triton_s_hooks_only_while_a_chain_holds_one() -> None:
+    """The hooks a direct launch hands the launcher: None for both while Triton's enter and exit chains are empty (no
+    launch metadata is built then), both chains as they are once either holds a hook."""
+    assert tuned._hooks() == (None, None)
+    runtime = triton.knobs.runtime
+    for chain in (runtime.launch_enter_hook, runtime.launch_exit_hook):
+        hook = mock.Mock()
+        chain.add(hook)
+        try:
+            assert tuned._hooks() == (runtime.launch_enter_hook, runtime.launch_exit_hook)
+        finally:
+            chain.remove(hook)
+    assert tuned._hooks() == (None, None)
 
 
 if __name__ == "__main__":
