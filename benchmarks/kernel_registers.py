@@ -116,7 +116,8 @@ def measure(name: str, launcher: Callable[[], object], arch: int) -> list[dict]:
 def lkat_layer(T: int = 201, heads: int = 6, head_dim: int = 64) -> dict[str, Callable[[], object]]:
     """The launchers of an LKAT layer's kernels on CPU tensors of its shapes (batch 2: sizes that decide nothing
     of the compiled code but 32- or 64-bit offsets): GLA input path forward and backward (q/k: RMSNorm and RoPE;
-    v: neither), short GLA forward and backward, the eager output path (g_norm * SiLU(g)) forward and backward."""
+    v: neither; q, k and v of one projection output at once, as the core runs them), short GLA forward and
+    backward, the eager output path (g_norm * SiLU(g)) forward and backward."""
     B, D = 2, heads * head_dim
     x, do = (torch.randn(B, T, D, dtype=torch.bfloat16) for _ in range(2))
     conv, norm = torch.randn(D, 1, 4), torch.ones(head_dim)
@@ -126,11 +127,17 @@ def lkat_layer(T: int = 201, heads: int = 6, head_dim: int = 64) -> dict[str, Ca
     scale = head_dim**-0.5
     o, g = (t.flatten(0, 1) for t in (q, v))
     bias = torch.zeros(head_dim)
+    y = torch.randn(B, T, 3 * D, dtype=torch.bfloat16)
+    convs, norms = (conv, conv, conv), (norm, norm)
     return {
         "gla_input q/k forward": lambda: gla_input.gla_input_fwd(x, conv, norm, cos, sin, heads, 1e-6),
         "gla_input q/k backward": lambda: gla_input.gla_input_bwd(x, conv, norm, cos, sin, do, heads, 1e-6),
         "gla_input v forward": lambda: gla_input.gla_input_fwd(x, conv, None, None, None, heads, 1e-6),
         "gla_input v backward": lambda: gla_input.gla_input_bwd(x, conv, None, None, None, do, heads, 1e-6),
+        "gla_input q/k/v forward": lambda: gla_input.gla_qkv_fwd(y, convs, norms, cos, sin, heads, (1e-6, 1e-6)),
+        "gla_input q/k/v backward": lambda: gla_input.gla_qkv_bwd(
+            y, convs, norms, cos, sin, (do_heads, do_heads, do_heads), heads, (1e-6, 1e-6), torch.empty_like(y)
+        ),
         "gla_short forward": lambda: gla_short.gla_short_fwd(q, k, v, gk, scale, 0),
         "gla_short backward": lambda: gla_short.gla_short_bwd(q, k, v, gk, q.new_empty(0), do_heads, scale, 0),
         "gated_norm forward": lambda: gated_norm.gated_norm_fwd(o, g, norm, bias, 1e-5),

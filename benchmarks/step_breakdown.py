@@ -24,7 +24,7 @@ PARTS: tuple[tuple[str, str], ...] = (  # (part, regular expression searched in 
     ("GLA: states between segments", r"^_(own_states|own_state_grads|scan)_kernel"),
     ("GLA: fla's kernels", r"^(chunk_|fused_recurrent_|chunk_gla)"),
     ("attention: SDPA", r"sdpa|flash|fmha"),
-    ("GLA input path (conv, SiLU, RMSNorm, RoPE)", r"^_gla_input_|^_(fwd|bwd)_kernel$"),
+    ("GLA input path (conv, SiLU, RMSNorm, RoPE)", r"^_gla_(input|qkv)_|^_(fwd|bwd)_kernel$"),
     ("GLA output path (LayerNorm x SiLU gate), our kernels", r"^_gated_norm_"),
     ("GLA gate (log-sigmoid, or our kernels with its Linear)", r"log_sigmoid|^_log_gate|^_gla_gate_"),
     ("KAN: our Triton kernels", r"^_(rbf_grid_linear|kan_|edge_)"),

@@ -12,8 +12,7 @@ from lkat_lens.kernels import gated_norm, gla_input, gla_short, kan_triton, rbf_
 from lkat_lens.kernels.tuned import programs_key
 
 AUTOTUNED = {  # name -> the kernel's TunedKernel, built as on CUDA (no GPU needed to build it)
-    "gla_input forward": lambda: gla_input._autotuned("forward"),
-    "gla_input backward": lambda: gla_input._autotuned("backward"),
+    **{f"gla_input {name}": lambda name=name: gla_input._autotuned(name) for name in gla_input._KERNELS},
     "gla_short intra-chunk forward": lambda: gla_short._autotuned("fwd_intra", 64),
     "gla_short forward walk": lambda: gla_short._autotuned("fwd", 64),
     "gla_short backward": lambda: gla_short._autotuned("bwd", 64),

@@ -32,7 +32,7 @@ CASES = {
     f"T{T}-H{H}-K{K}-V{V}-R{R}-{dtype}-s{seg}{'-sliced' if sliced else ''}": (T, H, K, V, R, dtype, seg, sliced)
     for T, H, K, V, R, dtype, seg, sliced in [
         (21, 2, 16, 32, 16, "float32", 0, False),  # one walk, a ragged chunk, V != K
-        (40, 2, 32, 16, 8, "float32", 16, True),  # walked in segments, the last ragged; a rank below 16; y strided
+        (40, 2, 32, 32, 8, "float32", 16, True),  # in segments, the last ragged; rank < 16; y strided; K = V
         (21, 1, 16, 16, 16, "bfloat16", 0, False),  # LKAT's training dtype
     ]
 }

@@ -19,6 +19,8 @@ from lkat_lens.models.attention import ShortConvolution
 from lkat_lens.models.rope import make_rope
 
 OUTPUTS = ("out", "dx", "d_conv", "d_norm")
+QKV_OUTPUTS = ("q", "k", "v", "dx", "d_conv_q", "d_conv_k", "d_conv_v", "d_norm_q", "d_norm_k")
+EPS_QK = (1e-6, 1e-5)  # q_norm's and k_norm's
 TOL = {"float32": 1e-5, "bfloat16": 2e-2}
 # id -> (B, T, H, DH, norm, rope, dtype, layout, taps); "model" is x as a column slice of a wider projection output
 CASES = {
@@ -36,6 +38,19 @@ CASES = {
         (2, 30, 1, 16, False, False, "float32", "contiguous", 1),  # no halo
         (2, 40, 2, 64, True, True, "bfloat16", "model", 4),
         (3, 21, 1, 48, False, False, "bfloat16", "contiguous", 4),
+    ]
+}  # fmt: skip
+
+
+# id -> (B, T, H, key head dim, value head dim, dtype, taps): q, k and v of one stacked projection output at once
+QKV_CASES = {
+    f"B{B}-T{T}-H{H}-K{K}-V{V}-{dtype}-taps{taps}": (B, T, H, K, V, dtype, taps)
+    for B, T, H, K, V, dtype, taps in [
+        (2, 37, 2, 16, 16, "float32", 4),  # three pieces a launch, ragged row blocks
+        (1, 120, 1, 16, 16, "float32", 4),  # two programs along the rows in the backward, the last ragged
+        (1, 21, 1, 16, 16, "float32", 7),  # each tap summed on its tile (no accumulation)
+        (1, 21, 2, 16, 32, "float32", 4),  # v wider than q: q and k a launch, v on its own
+        (1, 40, 2, 32, 32, "bfloat16", 4),
     ]
 }  # fmt: skip
 
@@ -83,6 +98,53 @@ def _measure_case(case: tuple) -> dict:
     return errors
 
 
+def make_qkv_case(B: int, T: int, H: int, K: int, V: int, dtype: torch.dtype, taps: int) -> tuple:
+    """(y [B, T, 2 H K + H V + 8] with the q, k, v columns first (a column slice of a wider tensor), the three conv
+    weights, the q and k norm weights, cos, sin, the output gradients dq, dk, dv)."""
+    gen = torch.Generator().manual_seed(0)
+    widths = (H * K, H * K, H * V)
+    y = torch.randn(B, T, sum(widths) + 13, generator=gen)[..., : sum(widths) + 8].to(dtype)
+    convs = tuple(torch.randn(d, 1, taps, generator=gen) * 0.5 for d in widths)
+    norms = tuple(torch.randn(K, generator=gen) + 1.0 for _ in range(2))
+    angles = torch.randn(T, K // 2, generator=gen).repeat_interleave(2, -1)
+    grads = tuple(torch.randn(B, T, H, d // H, generator=gen) for d in widths)
+    return y, convs, norms, angles.cos(), angles.sin(), grads
+
+
+def qkv_reference(y, convs, norms, cos, sin, grads, heads: int) -> list[torch.Tensor]:
+    """q, k, v by the fp64 reference on y's columns, and the gradients of sum(q dq + k dk + v dv) w.r.t. y's q, k, v
+    columns, the conv weights and the norm weights."""
+    kd, vd = convs[0].shape[0], convs[2].shape[0]
+    leaves = [t.double().requires_grad_() for t in (y[..., : 2 * kd + vd], *convs, *norms)]
+    columns = leaves[0].split([kd, kd, vd], dim=-1)
+    tables = (cos.double(), sin.double())
+    outs = [gla_input.gla_input_reference(columns[i], leaves[1 + i], leaves[4 + i], *tables, heads, EPS_QK[i])
+            for i in range(2)]  # fmt: skip
+    outs.append(gla_input.gla_input_reference(columns[2], leaves[3], None, None, None, heads, 0.0))
+    loss = sum((o * g.double()).sum() for o, g in zip(outs, grads, strict=True))
+    return [*(o.detach() for o in outs), *torch.autograd.grad(loss, leaves)]
+
+
+def _measure_qkv_case(case: tuple) -> dict:
+    """gla_qkv_fwd's q, k, v and gla_qkv_bwd's gradients against the fp64 reference; dx's other columns untouched."""
+    B, T, H, K, V, dtype_name, taps = case
+    y, convs, norms, cos, sin, grads = make_qkv_case(B, T, H, K, V, getattr(torch, dtype_name), taps)
+    outs = gla_input.gla_qkv_fwd(y, convs, norms, cos, sin, H, EPS_QK)
+    dx = torch.full(y.shape, float("nan"), dtype=y.dtype)
+    grads_in = tuple(g.to(y.dtype) for g in grads)
+    d_conv, d_conv_v, d_norm = gla_input.gla_qkv_bwd(y, convs, norms, cos, sin, grads_in, H, EPS_QK, dx)
+    width = 2 * H * K + H * V
+    got = [*outs, dx[..., :width], *d_conv.unbind(0), *([] if d_conv_v is None else [d_conv_v]), *d_norm.unbind(0)]
+    ref = qkv_reference(y, convs, norms, cos, sin, grads_in, H)
+    errors = {name: rel_max(g, r) for name, g, r in zip(QKV_OUTPUTS, got, ref, strict=True)}
+    errors["layout_ok"] = [(g.dtype, tuple(g.shape)) for g in got] == [
+        (y.dtype if i < 4 else torch.float32, tuple(r.shape)) for i, r in enumerate(ref)
+    ]
+    errors["other_columns_untouched"] = bool(dx[..., width:].isnan().all())
+    errors["pieces"] = gla_input.qkv_pieces(convs)
+    return errors
+
+
 def _check_op_and_compile() -> dict:
     """torch.library.opcheck of the custom op (with and without the optional operands), and torch.compile
     (fullgraph) through it."""
@@ -113,6 +175,7 @@ def _check_model() -> dict:
 def interpreter_measurements() -> dict:
     """Every case's measurements (needs TRITON_INTERPRET=1 before triton was imported)."""
     results = {cid: _measure_case(case) for cid, case in CASES.items()}
+    results["qkv"] = {cid: _measure_qkv_case(case) for cid, case in QKV_CASES.items()}
     results["op"] = _check_op_and_compile()
     results["model"] = _check_model()
     return results
@@ -122,6 +185,18 @@ def interpreter_measurements() -> dict:
 def interp() -> dict:
     """Interpreter measurements, computed here or in a child process with TRITON_INTERPRET=1."""
     return triton_interpreter.measurements(__file__, gla_input.INTERPRET, interpreter_measurements)
+
+
+@pytest.mark.parametrize("case_id", list(QKV_CASES))
+def test_qkv_kernels_match_fp64_reference(interp: dict, case_id: str) -> None:
+    """q, k and v of one stacked projection output by one launch each way (two where v is wider) against the fp64
+    reference of each, their input gradients written into their own columns only."""
+    measured = interp["qkv"][case_id]
+    B, T, H, K, V, dtype, taps = QKV_CASES[case_id]
+    assert measured["layout_ok"] and measured["other_columns_untouched"], measured
+    assert measured["pieces"] == (3 if K == V else 2)
+    for name in QKV_OUTPUTS:
+        assert measured[name] <= TOL[dtype], (name, measured)
 
 
 @pytest.mark.parametrize("case_id", list(CASES))

@@ -21,6 +21,7 @@ KERNELS = {  # a kernel name from a profiled LKAT or ViT step -> its part
         "attention: SDPA"
     ),
     "_gla_input_bwd_kernel": "GLA input path (conv, SiLU, RMSNorm, RoPE)",
+    "_gla_qkv_fwd_kernel": "GLA input path (conv, SiLU, RMSNorm, RoPE)",
     "_bwd_kernel": "GLA input path (conv, SiLU, RMSNorm, RoPE)",
     "_gated_norm_fwd_kernel": "GLA output path (LayerNorm x SiLU gate), our kernels",
     "triton_red_fused_div_log_sigmoid_backward_log_sigmoid_forward_sum_view_18": GATE,

@@ -3,9 +3,9 @@
 VisionGLA projects its input once, y = [q | k | v | g | code] [B, T, P] (one GEMM with the stacked weights of q_proj,
 k_proj, v_proj, g_proj and the gate's low-rank Linear; models.attention). The core takes y whole and runs the kernels
 the pieces run one by one: q, k and v through their input paths (`gla_input`: short convolution, SiLU, q/k RMSNorm,
-RoPE), the forget gate from the code (`gla_gate`), the GLA itself by the short kernels (`gla_short`) and the output
-path g_norm(o) * SiLU(g) (`gated_norm`), returning z [B, T, H, V]. It saves what they save (y, q, k, v, gk, the
-segment states h, o). Its backward runs their backward kernels in reverse order, each writing its piece's gradient
+RoPE; all three in one launch each way), the forget gate from the code (`gla_gate`), the GLA itself by the short
+kernels (`gla_short`) and the output path g_norm(o) * SiLU(g) (`gated_norm`), returning z [B, T, H, V]. It saves what
+they save (y, q, k, v, gk, the segment states h, o). Its backward runs their backward kernels in reverse order, each writing its piece's gradient
 straight into that piece's columns of one [B, T, P] gradient, which the projection's backward GEMMs read as it is.
 
 Why: with the pieces as separate ops, each returns its own gradient, and autograd (under torch.compile, inductor)
@@ -30,7 +30,7 @@ from .gated_norm import affine_grads as norm_affine_grads
 from .gated_norm import gated_norm_bwd, gated_norm_fwd
 from .gla_gate import affine_grads as gate_affine_grads
 from .gla_gate import gla_gate_bwd, gla_gate_fwd
-from .gla_input import gla_input_bwd, gla_input_fwd
+from .gla_input import gla_qkv_bwd, gla_qkv_fwd, qkv_pieces
 from .gla_short import INTERPRET, empty_states, gla_short_bwd, gla_short_fwd
 
 
@@ -52,10 +52,8 @@ def gla_core_fwd(
     """(z [B, T, H, V] in y's dtype, then what the backward reads: q, k, v, gk, h, o). eps: q_norm's, k_norm's and
     g_norm's."""
     B, T, _ = y.shape
-    yq, yk, yv, yg, code = _pieces(y, conv_q.shape[0], conv_v.shape[0])
-    q = gla_input_fwd(yq, conv_q, norm_q, cos, sin, heads, eps[0])
-    k = gla_input_fwd(yk, conv_k, norm_k, cos, sin, heads, eps[1])
-    v = gla_input_fwd(yv, conv_v, None, None, None, heads, 0.0)
+    _, _, _, yg, code = _pieces(y, conv_q.shape[0], conv_v.shape[0])
+    q, k, v = gla_qkv_fwd(y, (conv_q, conv_k, conv_v), (norm_q, norm_k), cos, sin, heads, (eps[0], eps[1]))
     gk = gla_gate_fwd(code.flatten(0, 1), gate_weight, gate_bias, normalizer).view(B, T, heads, -1)
     o, h = gla_short_fwd(q, k, v, gk, scale, segment)
     z = gated_norm_fwd(o.flatten(0, 1), _heads(yg, heads), out_weight, out_bias, eps[2]).view(o.shape)
@@ -66,20 +64,23 @@ def gla_core_bwd(
     y, conv_q, conv_k, conv_v, norm_q, norm_k, cos, sin, gate_weight, gate_bias, out_weight, out_bias,
     q, k, v, gk, h, o, dz, heads: int, scale: float, segment: int, eps: list[float], normalizer: float,
 ) -> tuple[torch.Tensor, ...]:  # fmt: skip
-    """(dy [B, T, P] contiguous in y's dtype, the convolution weights' gradients, the q and k norm weights', the gate's
-    d_affine [R + 1, K] (gla_gate_bwd) and the output norm's [2, V] (gated_norm_bwd)) for z's gradient dz."""
+    """(dy [B, T, P] contiguous in y's dtype, the convolution weights' gradients stacked and v's apart where its shape
+    differs (gla_qkv_bwd's d conv and d conv_v, the latter empty otherwise), the q and k norm weights' stacked
+    [2, K / H], the gate's d_affine [R + 1, K] (gla_gate_bwd) and the output norm's [2, V / H] (gated_norm_bwd)) for
+    z's gradient dz. Stacked, each is one reduction of its partial sums (a custom op's outputs may not be views of one
+    another)."""
     dy = torch.empty(y.shape, dtype=y.dtype, device=y.device)
-    yq, yk, yv, yg, code = _pieces(y, conv_q.shape[0], conv_v.shape[0])
-    dyq, dyk, dyv, dyg, dcode = _pieces(dy, conv_q.shape[0], conv_v.shape[0])
+    _, _, _, yg, code = _pieces(y, conv_q.shape[0], conv_v.shape[0])
+    _, _, _, dyg, dcode = _pieces(dy, conv_q.shape[0], conv_v.shape[0])
     do, _, d_out = gated_norm_bwd(o.flatten(0, 1), _heads(yg, heads), out_weight, out_bias,
                                   dz.reshape(-1, *dz.shape[2:]), eps[2], dg=_heads(dyg, heads))  # fmt: skip
     dq, dk, dv, dgk = gla_short_bwd(q, k, v, gk, h, do.view(o.shape), scale, segment)
     d_gate = gla_gate_bwd(code.flatten(0, 1), gate_weight, gate_bias, dgk.flatten(0, 1).flatten(1), normalizer,
                           dcode=dcode.flatten(0, 1))[1]  # fmt: skip
-    _, d_conv_q, d_norm_q = gla_input_bwd(yq, conv_q, norm_q, cos, sin, dq, heads, eps[0], dx=dyq)
-    _, d_conv_k, d_norm_k = gla_input_bwd(yk, conv_k, norm_k, cos, sin, dk, heads, eps[1], dx=dyk)
-    d_conv_v = gla_input_bwd(yv, conv_v, None, None, None, dv, heads, 0.0, dx=dyv)[1]
-    return dy, d_conv_q, d_conv_k, d_conv_v, d_norm_q, d_norm_k, d_gate, d_out
+    d_conv, d_conv_v, d_norm = gla_qkv_bwd(
+        y, (conv_q, conv_k, conv_v), (norm_q, norm_k), cos, sin, (dq, dk, dv), heads, (eps[0], eps[1]), dy
+    )
+    return dy, d_conv, conv_v.new_empty(0) if d_conv_v is None else d_conv_v, d_norm, d_gate, d_out
 
 
 __all__ = ["INTERPRET", "gla_core", "gla_core_bwd", "gla_core_fwd"]
@@ -146,9 +147,7 @@ def _gla_core_backward_op(
     segment: int,
     eps: list[float],
     normalizer: float,
-) -> tuple[
-    torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor
-]:
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """The backward as a custom op (gla_core_bwd)."""
     return gla_core_bwd(y, conv_q, conv_k, conv_v, norm_q, norm_k, cos, sin, gate_weight, gate_bias, out_weight,
                         out_bias, q, k, v, gk, h, o, dz, heads, scale, segment, eps, normalizer)  # fmt: skip
@@ -158,10 +157,12 @@ def _gla_core_backward_op(
 def _gla_core_backward_fake(y, conv_q, conv_k, conv_v, norm_q, norm_k, cos, sin, gate_weight, gate_bias, out_weight,
                             out_bias, q, k, v, gk, h, o, dz, heads, scale, segment, eps, normalizer):  # fmt: skip
     K, R = gate_weight.shape
+    pieces = qkv_pieces((conv_q, conv_k, conv_v))
+    d_conv = conv_q.new_empty(pieces, *conv_q.shape)
+    d_conv_v = conv_v.new_empty(0) if pieces == 3 else torch.empty_like(conv_v)
     d_gate = y.new_empty(R + 1, K, dtype=torch.float32)
     d_out = y.new_empty(2, out_weight.shape[0], dtype=torch.float32)
-    return (y.new_empty(y.shape), torch.empty_like(conv_q), torch.empty_like(conv_k), torch.empty_like(conv_v),
-            torch.empty_like(norm_q), torch.empty_like(norm_k), d_gate, d_out)  # fmt: skip
+    return y.new_empty(y.shape), d_conv, d_conv_v, norm_q.new_empty(2, *norm_q.shape), d_gate, d_out
 
 
 _TENSORS = 12  # the forward's tensor inputs; its scalar arguments follow
@@ -176,10 +177,13 @@ def _setup_context(ctx, inputs: tuple, output: tuple) -> None:
 
 def _backward(ctx, dz: torch.Tensor, *_saved_grads, kernel) -> tuple:
     saved = ctx.saved_tensors
-    dy, d_conv_q, d_conv_k, d_conv_v, d_norm_q, d_norm_k, d_gate, d_out = kernel(*saved, dz, *ctx.args)
+    dy, d_conv, d_conv_v, d_norm, d_gate, d_out = kernel(*saved, dz, *ctx.args)
+    d_conv_q, d_conv_k, *d_conv_vs = d_conv.unbind(0)
+    d_norm_q, d_norm_k = d_norm.unbind(0)
     gate_weight, gate_bias, out_weight, out_bias = saved[8:_TENSORS]
     gate = gate_affine_grads(d_gate, gate_weight, gate_bias)
     out_norm = norm_affine_grads(d_out, out_weight, out_bias)
+    d_conv_v = d_conv_vs[0] if d_conv_vs else d_conv_v
     return (dy, d_conv_q, d_conv_k, d_conv_v, d_norm_q, d_norm_k, None, None, *gate, *out_norm,
             *[None] * len(ctx.args))  # fmt: skip
 

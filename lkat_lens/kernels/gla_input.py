@@ -18,6 +18,11 @@ taps it accumulates the weight-gradient products over them and sums once. The pe
 convolution and norm weight gradients are summed on the host in a fixed order (deterministic, no atomics). Only x is
 saved.
 
+GLA's core (`gla_core`) takes q, k and v from one stacked projection output: `gla_qkv_fwd` / `gla_qkv_bwd` run the
+same programs for all three in one launch each way (a third grid axis picks the piece: q and k with their norm
+weights and the rotation, v with neither; v apart where its heads are wider or narrower than q's) and sum the
+weight-gradient partials of all three in one reduction: two launches instead of six a layer, fewer host calls.
+
 On CUDA the kernels are autotuned over warps (the forward also over row tiles); with TRITON_INTERPRET=1 in the
 environment before triton is first imported they run on CPU tensors with a fixed configuration. The op is a torch
 custom op, so torch.compile keeps it in the graph as one opaque call. `gla_input_reference` is the exact torch form.
@@ -147,14 +152,11 @@ def _inv_rms(y, eps, DH: tl.constexpr):
 
 
 @triton.jit
-def _gla_input_fwd_kernel(
-    x_ptr, w_ptr, nw_ptr, cos_ptr, sin_ptr, out_ptr, sx0, sx1, sx2, so0, so1, so2, T, H, eps, programs,
-    DH: tl.constexpr, BD: tl.constexpr, TAPS: tl.constexpr, NORM: tl.constexpr, ROPE: tl.constexpr,
-    BT: tl.constexpr,
+def _input_rows(
+    x_ptr, w_ptr, nw_ptr, cos_ptr, sin_ptr, out_ptr, sx0, sx1, sx2, so0, so1, so2, i_b, rows, c, col_ok, cols, T, eps,
+    DH: tl.constexpr, BD: tl.constexpr, TAPS: tl.constexpr, NORM: tl.constexpr, ROPE: tl.constexpr, BT: tl.constexpr,
 ):  # fmt: skip
-    """The output of BT rows of one (batch, head); so* are the output's [B, T, D] strides; `programs` is only the
-    autotuning key."""
-    i_t, i_bh, i_b, rows, c, col_ok, cols = _program_tile(H, DH, BD, BT, BT)
+    """The output at rows `rows` and head columns `cols` of sequence i_b: convolution, SiLU, the norm, the rotation."""
     u = _conv(x_ptr, sx0, sx1, sx2, w_ptr, i_b, rows, cols, col_ok, T, TAPS, BT, BD)
     y = u * tl.sigmoid(u)
     if NORM:
@@ -163,6 +165,40 @@ def _gla_input_fwd_kernel(
         cos, sin = _table(cos_ptr, rows, c, col_ok, T, DH), _table(sin_ptr, rows, c, col_ok, T, DH)
         y = y * cos + _turn(y, BT, BD) * sin
     _store_rows(out_ptr, so0, so1, so2, i_b, rows, cols, col_ok, T, y)
+
+
+@triton.jit
+def _gla_input_fwd_kernel(
+    x_ptr, w_ptr, nw_ptr, cos_ptr, sin_ptr, out_ptr, sx0, sx1, sx2, so0, so1, so2, T, H, eps, programs,
+    DH: tl.constexpr, BD: tl.constexpr, TAPS: tl.constexpr, NORM: tl.constexpr, ROPE: tl.constexpr,
+    BT: tl.constexpr,
+):  # fmt: skip
+    """The output of BT rows of one (batch, head); so* are the output's [B, T, D] strides; `programs` is only the
+    autotuning key."""
+    _, _, i_b, rows, c, col_ok, cols = _program_tile(H, DH, BD, BT, BT)
+    _input_rows(x_ptr, w_ptr, nw_ptr, cos_ptr, sin_ptr, out_ptr, sx0, sx1, sx2, so0, so1, so2, i_b, rows, c, col_ok,
+                cols, T, eps, DH, BD, TAPS, NORM, ROPE, BT)  # fmt: skip
+
+
+@triton.jit
+def _gla_qkv_fwd_kernel(
+    x_ptr, wq_ptr, wk_ptr, wv_ptr, nq_ptr, nk_ptr, cos_ptr, sin_ptr, q_ptr, k_ptr, v_ptr, sx0, sx1, sx2, so0, so1, so2,
+    T, H, eps_q, eps_k, programs, DH: tl.constexpr, BD: tl.constexpr, TAPS: tl.constexpr, BT: tl.constexpr,
+):  # fmt: skip
+    """q and k (norm and rotation), and v (neither) in a third program row, of BT rows of one (batch, head): piece p
+    = program_id(2) reads x's columns from p * H * DH on; the outputs share the strides so*."""
+    _, _, i_b, rows, c, col_ok, cols = _program_tile(H, DH, BD, BT, BT)
+    piece = tl.program_id(2)
+    x_ptr += piece.to(tl.int64) * (H * DH) * sx2
+    if piece == 2:
+        _input_rows(x_ptr, wv_ptr, wv_ptr, cos_ptr, sin_ptr, v_ptr, sx0, sx1, sx2, so0, so1, so2, i_b, rows, c,
+                    col_ok, cols, T, eps_q, DH, BD, TAPS, False, False, BT)  # fmt: skip
+    else:
+        w_ptr, nw_ptr, out_ptr, eps = wq_ptr, nq_ptr, q_ptr, eps_q
+        if piece == 1:
+            w_ptr, nw_ptr, out_ptr, eps = wk_ptr, nk_ptr, k_ptr, eps_k
+        _input_rows(x_ptr, w_ptr, nw_ptr, cos_ptr, sin_ptr, out_ptr, sx0, sx1, sx2, so0, so1, so2, i_b, rows, c,
+                    col_ok, cols, T, eps, DH, BD, TAPS, True, True, BT)  # fmt: skip
 
 
 @triton.jit
@@ -199,17 +235,12 @@ def _store_tap_sum(dw_ptr, products, j: tl.constexpr, TAPS: tl.constexpr, cols, 
 
 
 @triton.jit
-def _gla_input_bwd_kernel(
+def _input_grads(
     x_ptr, w_ptr, nw_ptr, cos_ptr, sin_ptr, do_ptr, dx_ptr, dw_ptr, dnw_ptr, sx0, sx1, sx2, sd0, sd1, sd2, sdx0, sdx1,
-    sdx2, T, H, eps, programs, DH: tl.constexpr, BD: tl.constexpr, TAPS: tl.constexpr, NORM: tl.constexpr,
-    ROPE: tl.constexpr, BT: tl.constexpr, TILES: tl.constexpr, ACC: tl.constexpr,
+    sdx2, T, H, eps, DH: tl.constexpr, BD: tl.constexpr, TAPS: tl.constexpr, NORM: tl.constexpr, ROPE: tl.constexpr,
+    BT: tl.constexpr, TILES: tl.constexpr, ACC: tl.constexpr,
 ):  # fmt: skip
-    """dx ([B, T, D], strides sdx*) of the rows of one (batch, head) that this program owns: TILES consecutive tiles
-    of BT rows, each owning its first BT - TAPS + 1. With it the partial sums of the convolution weight gradient (dw_ptr
-    [D, TAPS, programs along the rows * B]) and of the norm weight's (dnw_ptr [DH, programs]): partials last, so that
-    the host sums contiguous rows. With ACC (at most four taps) each tap's products are accumulated over the tiles and
-    summed once; without it (TILES == 1) each is summed on its tile. sd* are the output gradient's [B, T, D]
-    strides; `programs` is only the autotuning key."""
+    """The backward program of `_gla_input_bwd_kernel` (which see) on these pointers."""
     OWN: tl.constexpr = BT - (TAPS - 1)
     i_g, i_bh, i_b, _, c, col_ok, cols = _program_tile(H, DH, BD, BT, OWN)
     slots = tl.num_programs(0) * (tl.num_programs(1) // H)  # (row group, sequence) pairs
@@ -257,32 +288,82 @@ def _gla_input_bwd_kernel(
         tl.store(dnw_ptr + c * n_programs + i_g * tl.num_programs(1) + i_bh, tl.sum(acc_norm, axis=0), mask=col_ok)
 
 
+@triton.jit
+def _gla_input_bwd_kernel(
+    x_ptr, w_ptr, nw_ptr, cos_ptr, sin_ptr, do_ptr, dx_ptr, dw_ptr, dnw_ptr, sx0, sx1, sx2, sd0, sd1, sd2, sdx0, sdx1,
+    sdx2, T, H, eps, programs, DH: tl.constexpr, BD: tl.constexpr, TAPS: tl.constexpr, NORM: tl.constexpr,
+    ROPE: tl.constexpr, BT: tl.constexpr, TILES: tl.constexpr, ACC: tl.constexpr,
+):  # fmt: skip
+    """dx ([B, T, D], strides sdx*) of the rows of one (batch, head) that this program owns: TILES consecutive tiles
+    of BT rows, each owning its first BT - TAPS + 1. With it the partial sums of the convolution weight gradient (dw_ptr
+    [D, TAPS, programs along the rows * B]) and of the norm weight's (dnw_ptr [DH, programs]): partials last, so that
+    the host sums contiguous rows. With ACC (at most four taps) each tap's products are accumulated over the tiles and
+    summed once; without it (TILES == 1) each is summed on its tile. sd* are the output gradient's [B, T, D]
+    strides; `programs` is only the autotuning key."""
+    _input_grads(x_ptr, w_ptr, nw_ptr, cos_ptr, sin_ptr, do_ptr, dx_ptr, dw_ptr, dnw_ptr, sx0, sx1, sx2, sd0, sd1, sd2,
+                 sdx0, sdx1, sdx2, T, H, eps, DH, BD, TAPS, NORM, ROPE, BT, TILES, ACC)  # fmt: skip
+
+
+@triton.jit
+def _gla_qkv_bwd_kernel(
+    x_ptr, wq_ptr, wk_ptr, wv_ptr, nq_ptr, nk_ptr, cos_ptr, sin_ptr, dq_ptr, dk_ptr, dv_ptr, dx_ptr, dw_ptr, dnw_ptr,
+    sx0, sx1, sx2, sd0, sd1, sd2, sdx0, sdx1, sdx2, T, H, eps_q, eps_k, programs, DH: tl.constexpr, BD: tl.constexpr,
+    TAPS: tl.constexpr, BT: tl.constexpr, TILES: tl.constexpr, ACC: tl.constexpr,
+):  # fmt: skip
+    """`_gla_input_bwd_kernel` for q, k and (a third program row) v at once, as `_gla_qkv_fwd_kernel` reads them:
+    piece p = program_id(2) writes dx's columns from p * H * DH on, its weight-gradient partials at dw_ptr[p] ([pieces,
+    D, TAPS, slots]) and q's and k's norm partials at dnw_ptr[p] ([2, DH, programs]); the output gradients dq, dk, dv
+    share the strides sd*."""
+    piece = tl.program_id(2)
+    D = H * DH
+    offset = piece.to(tl.int64) * D
+    x_ptr += offset * sx2
+    dx_ptr += offset * sdx2
+    dw_ptr += offset * (TAPS * tl.num_programs(0) * (tl.num_programs(1) // H))
+    if piece == 2:
+        _input_grads(x_ptr, wv_ptr, wv_ptr, cos_ptr, sin_ptr, dv_ptr, dx_ptr, dw_ptr, dnw_ptr, sx0, sx1, sx2, sd0, sd1,
+                     sd2, sdx0, sdx1, sdx2, T, H, eps_q, DH, BD, TAPS, False, False, BT, TILES, ACC)  # fmt: skip
+    else:
+        w_ptr, nw_ptr, do_ptr, eps = wq_ptr, nq_ptr, dq_ptr, eps_q
+        if piece == 1:
+            w_ptr, nw_ptr, do_ptr, eps = wk_ptr, nk_ptr, dk_ptr, eps_k
+            dnw_ptr += DH * tl.num_programs(0) * tl.num_programs(1)
+        _input_grads(x_ptr, w_ptr, nw_ptr, cos_ptr, sin_ptr, do_ptr, dx_ptr, dw_ptr, dnw_ptr, sx0, sx1, sx2, sd0, sd1,
+                     sd2, sdx0, sdx1, sdx2, T, H, eps, DH, BD, TAPS, True, True, BT, TILES, ACC)  # fmt: skip
+
+
 # Tuned per shape and batch (heads, rows and programs = tuned.programs_key(B, H) in the key): without heads and rows
 # a test's small shape gave LKAT-S's backward 4 warps in the model, 0.141 ms a call where 2 take 0.106 (H100); without
 # the batch a test's batch of 2 gave LKAT-T's batch of 128 its warps (the q, k, v paths 0.255 against 0.221 ms, H200).
-_KEY = ["DH", "TAPS", "NORM", "ROPE", "H", "T", "programs"]
-_KERNELS = {"forward": _gla_input_fwd_kernel, "backward": _gla_input_bwd_kernel}
+_KEY = ["DH", "TAPS", "H", "T", "programs"]
+_KERNELS = {
+    "forward": (_gla_input_fwd_kernel, ["NORM", "ROPE"]),
+    "backward": (_gla_input_bwd_kernel, ["NORM", "ROPE"]),
+    "qkv_forward": (_gla_qkv_fwd_kernel, []),
+    "qkv_backward": (_gla_qkv_bwd_kernel, []),
+}
 
 
 @functools.cache
 def _autotuned(kernel_name: str) -> TunedKernel:
-    """A kernel autotuned on CUDA: the forward over (row tile, warps), the backward over warps (its tiles set by
+    """A kernel autotuned on CUDA: the forwards over (row tile, warps), the backwards over warps (their tiles set by
     `backward_tiles`)."""
-    if kernel_name == "forward":
+    kernel, flags = _KERNELS[kernel_name]
+    if kernel_name.endswith("forward"):
         configs = [triton.Config({"BT": bt}, num_warps=w) for bt in (16, 32, 64) for w in (2, 4)]
     else:
         configs = [triton.Config({}, num_warps=w) for w in (1, 2, 4, 8)]
-    return TunedKernel(triton.autotune(configs=configs, key=_KEY)(_KERNELS[kernel_name]))
+    return TunedKernel(triton.autotune(configs=configs, key=_KEY + flags)(kernel))
 
 
-def _launch(kernel_name: str, blocks, B: int, H: int, *args, **meta) -> None:
-    """Launch kernel `kernel_name` ("forward" or "backward") over (blocks(BT) row blocks, B * H): the interpreter
-    with a fixed configuration (the forward's row tile _INTERP_ROWS), CUDA autotuned."""
+def _launch(kernel_name: str, blocks, B: int, H: int, pieces: int, *args, **meta) -> None:
+    """Launch kernel `kernel_name` over (blocks(BT) row blocks, B * H, pieces): the interpreter with a fixed
+    configuration (the forwards' row tile _INTERP_ROWS), CUDA autotuned."""
     if INTERPRET:
         meta = {"BT": _INTERP_ROWS} | meta
-        _KERNELS[kernel_name][(blocks(meta["BT"]), B * H)](*args, **meta)
+        _KERNELS[kernel_name][0][(blocks(meta["BT"]), B * H, pieces)](*args, **meta)
     else:
-        _autotuned(kernel_name)[lambda m: (blocks(m["BT"]), B * H)](*args, **meta)
+        _autotuned(kernel_name)[lambda m: (blocks(m["BT"]), B * H, pieces)](*args, **meta)
 
 
 def backward_tiles(taps: int) -> tuple[int, int]:
@@ -310,7 +391,7 @@ def gla_input_fwd(x, conv_weight, norm_weight, cos, sin, heads: int, eps: float)
     if out.numel():
         weights, meta = _operands(x, conv_weight, norm_weight, cos, sin, heads)
         args = (x, *weights, out, *x.stride(), *out.flatten(2).stride(), T, heads, eps, programs_key(B, heads))
-        _launch("forward", lambda bt: cdiv(T, bt), B, heads, *args, **meta)
+        _launch("forward", lambda bt: cdiv(T, bt), B, heads, 1, *args, **meta)
     return out
 
 
@@ -333,10 +414,81 @@ def gla_input_bwd(
         strides = (*x.stride(), *do.flatten(2).stride(), *dx.stride())
         args = (x, *weights, do.flatten(2), dx, dw, dnw, *strides, T, heads, eps, programs_key(B, heads))
         tiling = dict(BT=rows, TILES=tiles, ACC=taps <= ACC_TAPS)
-        _launch("backward", lambda bt: groups, B, heads, *args, **meta, **tiling)
+        _launch("backward", lambda bt: groups, B, heads, 1, *args, **meta, **tiling)
     d_conv = dw.sum(-1).reshape(conv_weight.shape).to(conv_weight.dtype)
     d_norm = dnw.sum(-1).to(norm_weight.dtype) if norm else dnw.new_empty(0, D // heads)
     return dx, d_conv, d_norm
+
+
+def qkv_pieces(convs: tuple[torch.Tensor, torch.Tensor, torch.Tensor]) -> int:
+    """How many of q, k, v one launch of the q/k/v kernels takes: all three where v's convolution weight has q's shape
+    (heads of q's width), else q and k (v then takes the single-input kernels)."""
+    return 3 if convs[2].shape == convs[0].shape else 2
+
+
+def _qkv_operands(convs, norms, cos, sin) -> tuple[torch.Tensor, ...]:
+    """The q/k/v kernels' weight operands: the three convolution weights as [D, TAPS], then the q and k norm weights
+    and the rotary tables as contiguous fp32 tensors."""
+    weights = tuple(w.reshape(w.shape[0], -1).contiguous() for w in convs)
+    return (*weights, *(t.float().contiguous() for t in (*norms, cos, sin)))
+
+
+def _qkv_meta(key_dim: int, heads: int, taps: int) -> dict:
+    """The q/k/v kernels' constexpr meta-parameters."""
+    head_dim = key_dim // heads
+    return dict(DH=head_dim, BD=next_power_of_2(head_dim), TAPS=taps)
+
+
+def gla_qkv_fwd(y, convs, norms, cos, sin, heads: int, eps: tuple[float, float]) -> tuple[torch.Tensor, ...]:
+    """q, k and v [B, T, H, *] in y's dtype from y [B, T, >= 2 K + V] whose first columns are q's, k's and v's inputs,
+    each as gla_input_fwd computes it (q and k with their norm weights and the rotation, v with neither), in one launch
+    (qkv_pieces). convs: the three convolution weights [D, 1, TAPS] of equal taps; eps: q_norm's and k_norm's."""
+    B, T, _ = y.shape
+    key_dim, value_dim, taps = convs[0].shape[0], convs[2].shape[0], convs[0].shape[-1]
+    pieces = qkv_pieces(convs)
+    q, k = (torch.empty(B, T, heads, key_dim // heads, dtype=y.dtype, device=y.device) for _ in range(2))
+    if pieces == 3:
+        v = torch.empty_like(q)
+    else:
+        v = gla_input_fwd(y[..., 2 * key_dim : 2 * key_dim + value_dim], convs[2], None, None, None, heads, 0.0)
+    if q.numel():
+        out_strides = (T * key_dim, key_dim, 1)
+        args = (y, *_qkv_operands(convs, norms, cos, sin), q, k, v, *y.stride(), *out_strides, T, heads, *eps)
+        meta = _qkv_meta(key_dim, heads, taps)
+        _launch("qkv_forward", lambda bt: cdiv(T, bt), B, heads, pieces, *args, programs_key(B, heads, pieces), **meta)
+    return q, k, v
+
+
+def gla_qkv_bwd(
+    y, convs, norms, cos, sin, grads: tuple[torch.Tensor, ...], heads: int, eps: tuple[float, float], dx: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor]:
+    """(d conv, d conv_v, d norm) for the output gradients grads = (dq, dk, dv) of gla_qkv_fwd, writing the input
+    gradients of q's, k's and v's columns into those columns of dx (y's shape, any strides). The weights' gradients
+    come stacked, as their partial sums are summed, in one reduction each: d conv [pieces, D, 1, TAPS] (q's, k's and,
+    with qkv_pieces 3, v's; else v's alone in d conv_v, None otherwise), d norm [2, DH] (q's and k's)."""
+    B, T, _ = y.shape
+    key_dim, value_dim, taps = convs[0].shape[0], convs[2].shape[0], convs[0].shape[-1]
+    pieces = qkv_pieces(convs)
+    dq, dk, dv = grads
+    if dk.stride() != dq.stride() or (pieces == 3 and dv.stride() != dq.stride()):
+        dq, dk, dv = (g.contiguous() for g in grads)
+    rows, tiles = backward_tiles(taps)
+    groups = cdiv(cdiv(T, rows - (taps - 1)), tiles)  # programs along the rows
+    dw = torch.empty(pieces, key_dim, taps, groups * B, dtype=torch.float32, device=y.device)
+    dnw = torch.empty(2, key_dim // heads, groups * B * heads, dtype=torch.float32, device=y.device)
+    d_conv_v = None
+    if pieces == 2:
+        v_columns = slice(2 * key_dim, 2 * key_dim + value_dim)
+        v_grads = gla_input_bwd(y[..., v_columns], convs[2], None, None, None, dv, heads, 0.0, dx=dx[..., v_columns])
+        d_conv_v = v_grads[1]
+    if B * T:  # else the empty partials sum to zero gradients
+        strides = (*y.stride(), *dq.flatten(2).stride(), *dx.stride())
+        operands = _qkv_operands(convs, norms, cos, sin)
+        args = (y, *operands, dq, dk, dv, dx, dw, dnw, *strides, T, heads, *eps, programs_key(B, heads, pieces))
+        tiling = dict(BT=rows, TILES=tiles, ACC=taps <= ACC_TAPS)
+        _launch("qkv_backward", lambda bt: groups, B, heads, pieces, *args, **_qkv_meta(key_dim, heads, taps), **tiling)
+    d_conv = dw.sum(-1).view(pieces, *convs[0].shape).to(convs[0].dtype)
+    return d_conv, d_conv_v, dnw.sum(-1).to(norms[0].dtype)
 
 
 def supports(x: torch.Tensor, heads: int, rope: bool, taps: int) -> bool:
