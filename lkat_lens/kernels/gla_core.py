@@ -5,8 +5,9 @@ k_proj, v_proj, g_proj and the gate's low-rank Linear; models.attention). The co
 the pieces run one by one: q, k and v through their input paths (`gla_input`: short convolution, SiLU, q/k RMSNorm,
 RoPE; all three in one launch each way), the forget gate from the code (`gla_gate`), the GLA itself by the short
 kernels (`gla_short`) and the output path g_norm(o) * SiLU(g) (`gated_norm`), returning z [B, T, H, V]. It saves what
-they save (y, q, k, v, gk, the segment states h, o). Its backward runs their backward kernels in reverse order, each writing its piece's gradient
-straight into that piece's columns of one [B, T, P] gradient, which the projection's backward GEMMs read as it is.
+they save (y, q, k, v, gk, the segment states h, o). Its backward runs their backward kernels in reverse order, each
+writing its piece's gradient straight into that piece's columns of one [B, T, P] gradient, which the projection's
+backward GEMMs read as it is.
 
 Why: with the pieces as separate ops, each returns its own gradient, and autograd (under torch.compile, inductor)
 concatenates the five into the [rows, P] matrix, one kernel that reads and writes the whole of it in every layer:
