@@ -174,6 +174,11 @@ def _check_model() -> dict:
     model(images)
     handle.remove()
     measured["hook_calls"] = len(calls)
+    measured["fuses_unhooked_again"] = attn.fuses_core(y)
+    attn.gk_proj[1].to(torch.float16)  # the gate kernel takes fp32 weights only
+    measured["fuses_half_gate"] = attn.fuses_core(y)
+    attn.gk_proj[1].float()
+    measured["fuses_other_dtype"] = attn.fuses_core(y.double())
     measured["fuses_gla_torch"] = model.set_backends(attn="torch").blocks[0].attn.fuses_core(y)
     return measured
 
@@ -211,11 +216,14 @@ def test_core_matches_the_pieces_and_modules_in_lkat(interp: dict) -> None:
 
 
 def test_core_runs_only_where_nothing_needs_the_pieces(interp: dict) -> None:
-    """ "fused" takes the core; "auto" on the CPU, a hook on hook_q and the GLA in torch mode do not (the hook fires
-    once, in block 0)."""
+    """ "fused" takes the core; "auto" on the CPU, a hook on hook_q, fp16 gate weights, an fp64 projection output and
+    the GLA in torch mode do not (the hook fires once, in block 0); fuses_core remembers its answers, but not past a
+    change to any of those (the core again once the hook is gone)."""
     measured = interp["model"]
     assert measured["fuses"] and not measured["fuses_auto_cpu"], measured
     assert not measured["fuses_hooked"] and measured["hook_calls"] == 1, measured
+    assert measured["fuses_unhooked_again"], measured
+    assert not measured["fuses_half_gate"] and not measured["fuses_other_dtype"], measured
     assert not measured["fuses_gla_torch"], measured
 
 

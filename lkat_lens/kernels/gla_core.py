@@ -13,7 +13,8 @@ Why: with the pieces as separate ops, each returns its own gradient, and autogra
 concatenates the five into the [rows, P] matrix, one kernel that reads and writes the whole of it in every layer:
 `triton_poi_fused_cat_view` took 0.31-0.53 ms of LKAT-T's ~14.6 ms compiled training step and 1.24 ms of LKAT-B's
 (H100, batch 128). With the core the step took 14.03 instead of 14.64 ms of kernels (LKAT-T; LKAT-S 26.83 / 27.40,
-LKAT-B 58.14 / 59.64; benchmarks/README.md). The values are the pieces' own: the same kernels, the same operands.
+LKAT-B 58.14 / 59.64; benchmarks/README.md). The values are the pieces' own: the same kernels, the same operands
+(q, k and v in one launch of the same programs: equal in fp32 up to how the compiler contracts them).
 The backward holds the saved tensors until its last kernel (the pieces free each after their own): 0.5-2 MiB more
 per image at the training step's peak.
 

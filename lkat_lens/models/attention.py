@@ -106,8 +106,8 @@ class VisionGLA(nn.Module):
     gate logsigmoid(gk_proj[1](code)) / gate_logit_normalizer runs from its low-rank code: "fused" is one kernel each
     way (`kernels.gla_gate`, eager and under torch.compile), "auto" (the default) "fused" on CUDA; while a hook sits on
     gk_proj[1] it is the module's form. `core_mode` (the same modes) is whether the whole core, from the stacked
-    projection output to the gated heads, runs as one op each way (`kernels.gla_core`: the same kernels, the backward
-    writing the pieces' gradients into one matrix): with "fused" (or "auto" on CUDA) it does whenever the three paths
+    projection output to the gated heads, runs as one op each way (`kernels.gla_core`: the pieces' kernels, q, k and v
+    in one launch, the backward writing the pieces' gradients into one matrix): with "fused" (or "auto" on CUDA) it does whenever the three paths
     take their kernels, the GLA takes the short kernels (kernels.gla.kernel_path) and no hook point between the pieces
     (hook_q, hook_k, hook_v, hook_gk, hook_pattern) is hooked (`fuses_core`).
     """
@@ -159,6 +159,7 @@ class VisionGLA(nn.Module):
         self.hook_q, self.hook_k, self.hook_v = HookPoint(), HookPoint(), HookPoint()
         self.hook_gk, self.hook_pattern, self.hook_out = HookPoint(), HookPoint(), HookPoint()
         self.hook_z = HookPoint()  # per-head outputs [B,T,H,V] after g_norm and the output gate, before o_proj
+        self._core_choices: dict[tuple, bool] = {}  # fuses_core's remembered answers
 
     def mix(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, gk: torch.Tensor) -> torch.Tensor:
         """GLA output [B,T,H,V]; with hook_pattern hooked, hook_pattern(A) @ v for the implicit attention A."""
@@ -234,16 +235,36 @@ class VisionGLA(nn.Module):
         return self.gated_norm(o, g.unflatten(-1, v_heads))
 
     def fuses_core(self, y: torch.Tensor) -> bool:
-        """Whether the core of this stacked projection output takes the one op (see core_mode)."""
+        """Whether the core of this stacked projection output takes the one op (see core_mode). Hooks are read on
+        every call; the rest of the answer is remembered per input shape, dtype and device, the modes, the modules it
+        reads and the gate's weight dtypes (eager only: checking anew took ~95 us a layer on the CPU machine, ~1 ms of
+        host time an eager LKAT-T step)."""
         check_input_mode(self.core_mode, "gla_core")
-        if not _takes_kernel(self.core_mode, y) or any(
-            is_hooked(p) for p in (self.hook_q, self.hook_k, self.hook_v, self.hook_gk, self.hook_pattern)
+        second, modules = self.gk_proj[1], self.input_modules()
+        if any(is_hooked(p) for p in (self.hook_q, self.hook_k, self.hook_v, self.hook_gk, self.hook_pattern)) or (
+            _hooked(*modules, second, self.g_norm)
         ):
+            return False
+        if torch.compiler.is_compiling():
+            return self._core_takes(y)
+        modes = (self.core_mode, self.input_mode, self.gate_mode, self.output_mode, self.mode)
+        weights = (second.weight.dtype, None if second.bias is None else second.bias.dtype)
+        key = (y.shape, y.dtype, y.device, modes, weights, *map(id, (*modules, second, self.g_norm)))
+        choice = self._core_choices.get(key)
+        if choice is None:
+            if len(self._core_choices) >= 64:
+                self._core_choices.clear()
+            choice = self._core_choices[key] = self._core_takes(y)
+        return choice
+
+    def _core_takes(self, y: torch.Tensor) -> bool:
+        """fuses_core's answer for an unhooked layer: the modes, the GLA's path and the pieces' kernels' operands."""
+        if not _takes_kernel(self.core_mode, y):
             return False
         K, V = self.head_dim, self.head_v_dim
         if kernel_path(self.mode, y.device, y.shape[1], y.dtype, K, V) != "short" or not gla_short.supports(K, V):
             return False
-        q, _, _, g, code = self.split_projection(y)
+        q, _, _, g, code = self.split_projection(y.detach())
         g = g.unflatten(-1, (self.num_heads, V))
         norms = (self.q_norm.weight, self.k_norm.weight)
         return (

@@ -34,14 +34,18 @@ def test_core_matches_fp64_pieces(B: int, T: int, H: int, segment: int, dtype: s
         assert rel_max(a, b) <= bound(dtype, handoff[name]), (name, rel_max(a, b), handoff[name])
 
 
-def test_lkat_core_equals_the_pieces() -> None:
-    """A two-block LKAT-T at 224² with the short GLA: the core as one op gives the pieces' logits and gradients (the
-    same kernels) in fp32 and under bf16 autocast; "auto" takes the core on CUDA under autocast."""
+def test_lkat_core_matches_the_pieces() -> None:
+    """A two-block LKAT-T at 224² with the short GLA: the core as one op gives the pieces' logits and gradients in fp32
+    (the same arithmetic; its q/k/v kernel is compiled apart from the pieces' input kernel, so fp32 contractions may
+    round differently) and, under bf16 autocast, is as close to the fp32 model as the pieces are (there a rounding
+    difference can flip a bf16 hand-off: 5e-4 between the two, H100); "auto" takes the core on CUDA under autocast."""
     model, images = lkat_t_and_images()
-    for autocast in (False, True):
-        attn = "auto" if autocast else "short"  # auto takes fla's fused_recurrent for fp32
-        got = {mode: backend_step(model, images, autocast, attn=attn, gla_core=mode) for mode in ("torch", "fused")}
-        assert errors(got["fused"], got["torch"]) < 1e-6, autocast
+    fp32 = {mode: backend_step(model, images, False, attn="short", gla_core=mode) for mode in ("torch", "fused")}
+    assert errors(fp32["fused"], fp32["torch"]) < 1e-6
+    # auto takes fla's fused_recurrent for fp32, the short kernels under autocast
+    bf16 = {mode: errors(backend_step(model, images, True, attn="auto", gla_core=mode), fp32["torch"])
+            for mode in ("torch", "fused")}  # fmt: skip
+    assert bf16["fused"] <= 1.5 * bf16["torch"] + 1e-3, bf16
     y = torch.zeros(1, 201, 4 * 192 + 16, device="cuda", dtype=torch.bfloat16)
     assert model.set_backends(attn="auto", gla_core="auto").blocks[0].attn.fuses_core(y)
     assert not model.blocks[0].attn.fuses_core(y.float())  # fp32: fla's fused_recurrent, not the short kernels
