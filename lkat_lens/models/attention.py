@@ -107,9 +107,9 @@ class VisionGLA(nn.Module):
     way (`kernels.gla_gate`, eager and under torch.compile), "auto" (the default) "fused" on CUDA; while a hook sits on
     gk_proj[1] it is the module's form. `core_mode` (the same modes) is whether the whole core, from the stacked
     projection output to the gated heads, runs as one op each way (`kernels.gla_core`: the pieces' kernels, q, k and v
-    in one launch, the backward writing the pieces' gradients into one matrix): with "fused" (or "auto" on CUDA) it does whenever the three paths
-    take their kernels, the GLA takes the short kernels (kernels.gla.kernel_path) and no hook point between the pieces
-    (hook_q, hook_k, hook_v, hook_gk, hook_pattern) is hooked (`fuses_core`).
+    in one launch, the backward writing the pieces' gradients into one matrix): with "fused" (or "auto" on CUDA) it
+    does whenever the three paths take their kernels, the GLA takes the short kernels (kernels.gla.kernel_path) and no
+    hook point between the pieces (hook_q, hook_k, hook_v, hook_gk, hook_pattern) is hooked (`fuses_core`).
     """
 
     def __init__(
