@@ -374,13 +374,19 @@ def backward_tiles(taps: int) -> tuple[int, int]:
     return (16, 8) if taps <= ACC_TAPS else (32, 1)
 
 
+def _conv_operand(conv_weight: torch.Tensor) -> torch.Tensor:
+    """A convolution weight [D, 1, TAPS] as the kernels read it, contiguous [D, TAPS] memory: the weight itself when
+    contiguous (no view to dispatch: one less host op a launch), else a contiguous copy."""
+    return conv_weight if conv_weight.is_contiguous() else conv_weight.reshape(conv_weight.shape[0], -1).contiguous()
+
+
 def _operands(x, conv_weight, norm_weight, cos, sin, heads: int) -> tuple[tuple[torch.Tensor, ...], dict]:
-    """The kernels' weight operands (the conv weight [D, TAPS], then the optional ones as contiguous fp32 tensors,
-    x itself as a placeholder where absent: never read) and their constexpr meta-parameters."""
-    weight = conv_weight.reshape(x.shape[-1], -1).contiguous()
+    """The kernels' weight operands (the conv weight (_conv_operand), then the optional ones as contiguous fp32
+    tensors, x itself as a placeholder where absent: never read) and their constexpr meta-parameters."""
+    weight = _conv_operand(conv_weight)
     optional = tuple(x if t is None else t.float().contiguous() for t in (norm_weight, cos, sin))
     head_dim = x.shape[-1] // heads
-    meta = dict(DH=head_dim, BD=next_power_of_2(head_dim), TAPS=weight.shape[-1])
+    meta = dict(DH=head_dim, BD=next_power_of_2(head_dim), TAPS=conv_weight.shape[-1])
     return (weight, *optional), meta | dict(NORM=norm_weight is not None, ROPE=cos is not None)
 
 
@@ -427,10 +433,9 @@ def qkv_pieces(convs: tuple[torch.Tensor, torch.Tensor, torch.Tensor]) -> int:
 
 
 def _qkv_operands(convs, norms, cos, sin) -> tuple[torch.Tensor, ...]:
-    """The q/k/v kernels' weight operands: the three convolution weights as [D, TAPS], then the q and k norm weights
-    and the rotary tables as contiguous fp32 tensors."""
-    weights = tuple(w.reshape(w.shape[0], -1).contiguous() for w in convs)
-    return (*weights, *(t.float().contiguous() for t in (*norms, cos, sin)))
+    """The q/k/v kernels' weight operands: the three convolution weights as contiguous [D, TAPS] (_conv_operand),
+    then the q and k norm weights and the rotary tables as contiguous fp32 tensors."""
+    return (*map(_conv_operand, convs), *(t.float().contiguous() for t in (*norms, cos, sin)))
 
 
 def _qkv_meta(key_dim: int, heads: int, taps: int) -> dict:

@@ -449,7 +449,7 @@ def kan_linear(
 ) -> torch.Tensor:
     """y = psi(x) W^T for grid weights [G], [1, G] (shared) or [in, G] (channel), differentiable in all three."""
     grid_min, grid_max = float(grid_min), float(grid_max)
-    _check_backend(backend, _fused_capable(x, weight))
+    _check_backend(backend, backend != "fused" or _fused_capable(x, weight))
     path = backend
     if backend == "auto":
         path = "torch"
@@ -481,7 +481,7 @@ def edge_kan_linear(
     if weight.shape[-1] != x.shape[-1] * num_grids:
         raise ValueError(f"weight must be [out, {x.shape[-1] * num_grids}], got {tuple(weight.shape)}")
     path = {"triton": "fused", TRACED: "torch"}.get(backend, backend)  # edge's torch path is plain torch ops
-    _check_backend(path, _fused_capable(x, weight))
+    _check_backend(path, path != "fused" or _fused_capable(x, weight))
     if path == "auto":
         path = "torch"
         if x.is_cuda and _fused_capable(x, weight):

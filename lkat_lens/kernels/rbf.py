@@ -80,14 +80,20 @@ def _weighted_sum(planes: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
     return total
 
 
-def _grid_weight(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
-    """The weight as [G] (shared) or [D, G] (channel), validated against x."""
+def _is_shared(x: torch.Tensor, weight: torch.Tensor) -> bool:
+    """Whether the weight is shared ([G] or [1, G]) rather than per channel ([D, G], D = x.shape[-1]); one clear error
+    for any other shape."""
     if weight.dim() == 1 or (weight.dim() == 2 and weight.shape[0] == 1):
-        return weight.reshape(-1)
+        return True
     if weight.dim() == 2 and x.dim() >= 1 and weight.shape[0] == x.shape[-1]:
-        return weight
+        return False
     d = x.shape[-1] if x.dim() else None
     raise ValueError(f"weight must be [G], [1, G] or [D, G] with D = x.shape[-1] = {d}; got {tuple(weight.shape)}")
+
+
+def _grid_weight(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+    """The weight as [G] (shared) or [D, G] (channel), validated against x."""
+    return weight.reshape(-1) if _is_shared(x, weight) else weight
 
 
 def rbf_grid_linear_reference(x: torch.Tensor, weight: torch.Tensor, grid_min: float, grid_max: float) -> torch.Tensor:
@@ -124,10 +130,11 @@ def _torch_backward(
 
 
 def _triton_operands(x: torch.Tensor, weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """x as the kernels' contiguous [rows, D] (D = 1 for a shared weight) and the weight as [D, G]."""
-    w = _grid_weight(x, weight)
-    x2d = x.reshape(-1, w.shape[0] if w.dim() == 2 else 1).contiguous()
-    return x2d, w.detach().reshape(x2d.shape[1], -1)
+    """x as the kernels' contiguous [rows, D] (D = 1 for a shared weight) and the weight as [D, G] (a view; the
+    kernels run with gradients off, inside the op's forward and backward)."""
+    shared = _is_shared(x, weight)
+    x2d = x.reshape(-1, 1 if shared else weight.shape[0]).contiguous()
+    return x2d, (weight.view(1, -1) if shared and weight.dim() == 1 else weight)
 
 
 def _triton_forward(
@@ -264,7 +271,8 @@ def uses_triton(x: torch.Tensor, weight: torch.Tensor, grid_min: float, grid_max
     they cannot take."""
     if backend not in BACKENDS:
         raise ValueError(f"unknown backend {backend!r}; choose from {BACKENDS}")
-    check_grid(grid_min, grid_max, _grid_weight(x, weight).shape[-1])
+    _is_shared(x, weight)  # validates the weight's shape against x
+    check_grid(grid_min, grid_max, weight.shape[-1])
     if backend == "triton" and (rbf_triton is None or x.dtype not in TRITON_DTYPES):
         raise ValueError(f"the triton backend needs triton and x in {TRITON_DTYPES}, got {x.dtype}")
     return backend == "triton" or (backend == "auto" and triton_supports(x))
