@@ -269,6 +269,9 @@ def test_input_validation() -> None:
         gla_input.gla_input(x, torch.zeros(32, 1, gla_input.MAX_TAPS + 1), heads=2)
     with pytest.raises(ValueError, match="gla_input must be one of"):
         lkat_lens.create_model("lkat_micro", num_classes=10).set_backends(gla_input="fast")
+    convs = (weight, torch.zeros(32, 1, 3), weight)  # k with a narrower convolution than q
+    with pytest.raises(ValueError, match="q's and k's convolution weights must have one shape"):
+        gla_input.gla_qkv_fwd(torch.zeros(1, 5, 96), convs, (torch.ones(16),) * 2, None, None, 2, (1e-6, 1e-6))
 
 
 if __name__ == "__main__":

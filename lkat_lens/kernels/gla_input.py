@@ -428,7 +428,10 @@ def gla_input_bwd(
 
 def qkv_pieces(convs: tuple[torch.Tensor, torch.Tensor, torch.Tensor]) -> int:
     """How many of q, k, v one launch of the q/k/v kernels takes: all three where v's convolution weight has q's shape
-    (heads of q's width), else q and k (v then takes the single-input kernels)."""
+    (heads of q's width), else q and k (v then takes the single-input kernels). q's and k's weights share a shape."""
+    if convs[1].shape != convs[0].shape:
+        shapes = f"{tuple(convs[0].shape)} and {tuple(convs[1].shape)}"
+        raise ValueError(f"q's and k's convolution weights must have one shape, got {shapes}")
     return 3 if convs[2].shape == convs[0].shape else 2
 
 
