@@ -374,6 +374,18 @@ def backward_tiles(taps: int) -> tuple[int, int]:
     return (16, 8) if taps <= ACC_TAPS else (32, 1)
 
 
+def _meta(width: int, heads: int, taps: int) -> dict:
+    """The kernels' constexpr meta-parameters for heads of width / heads channels and `taps` convolution taps."""
+    head_dim = width // heads
+    return dict(DH=head_dim, BD=next_power_of_2(head_dim), TAPS=taps)
+
+
+def _tiling(T: int, taps: int) -> tuple[int, dict]:
+    """(programs along the rows, the backward kernels' tiling meta-parameters) for T rows (backward_tiles)."""
+    rows, tiles = backward_tiles(taps)
+    return cdiv(cdiv(T, rows - (taps - 1)), tiles), dict(BT=rows, TILES=tiles, ACC=taps <= ACC_TAPS)
+
+
 def _conv_operand(conv_weight: torch.Tensor) -> torch.Tensor:
     """A convolution weight [D, 1, TAPS] as the kernels read it, contiguous [D, TAPS] memory: the weight itself when
     contiguous (no view to dispatch: one less host op a launch), else a contiguous copy."""
@@ -385,8 +397,7 @@ def _operands(x, conv_weight, norm_weight, cos, sin, heads: int) -> tuple[tuple[
     tensors, x itself as a placeholder where absent: never read) and their constexpr meta-parameters."""
     weight = _conv_operand(conv_weight)
     optional = tuple(x if t is None else t.float().contiguous() for t in (norm_weight, cos, sin))
-    head_dim = x.shape[-1] // heads
-    meta = dict(DH=head_dim, BD=next_power_of_2(head_dim), TAPS=conv_weight.shape[-1])
+    meta = _meta(x.shape[-1], heads, conv_weight.shape[-1])
     return (weight, *optional), meta | dict(NORM=norm_weight is not None, ROPE=cos is not None)
 
 
@@ -409,8 +420,7 @@ def gla_input_bwd(
     B, T, D = x.shape
     taps = conv_weight.shape[-1]
     norm = norm_weight is not None
-    rows, tiles = backward_tiles(taps)
-    groups = cdiv(cdiv(T, rows - (taps - 1)), tiles)  # programs along the rows
+    groups, tiling = _tiling(T, taps)
     dw = torch.empty(D, taps, groups * B, dtype=torch.float32, device=x.device)
     dnw = torch.empty(D // heads, groups * B * heads if norm else 0, dtype=torch.float32, device=x.device)
     if dx is None:
@@ -419,7 +429,6 @@ def gla_input_bwd(
         weights, meta = _operands(x, conv_weight, norm_weight, cos, sin, heads)
         strides = (*x.stride(), *do.flatten(2).stride(), *dx.stride())
         args = (x, *weights, do.flatten(2), dx, dw, dnw, *strides, T, heads, eps, programs_key(B, heads))
-        tiling = dict(BT=rows, TILES=tiles, ACC=taps <= ACC_TAPS)
         _launch("backward", lambda bt: groups, B, heads, 1, *args, **meta, **tiling)
     d_conv = dw.sum(-1).reshape(conv_weight.shape).to(conv_weight.dtype)
     d_norm = dnw.sum(-1).to(norm_weight.dtype) if norm else dnw.new_empty(0, D // heads)
@@ -441,12 +450,6 @@ def _qkv_operands(convs, norms, cos, sin) -> tuple[torch.Tensor, ...]:
     return (*map(_conv_operand, convs), *(t.float().contiguous() for t in (*norms, cos, sin)))
 
 
-def _qkv_meta(key_dim: int, heads: int, taps: int) -> dict:
-    """The q/k/v kernels' constexpr meta-parameters."""
-    head_dim = key_dim // heads
-    return dict(DH=head_dim, BD=next_power_of_2(head_dim), TAPS=taps)
-
-
 def gla_qkv_fwd(y, convs, norms, cos, sin, heads: int, eps: tuple[float, float]) -> tuple[torch.Tensor, ...]:
     """q, k and v [B, T, H, *] in y's dtype from y [B, T, >= 2 K + V] whose first columns are q's, k's and v's inputs,
     each as gla_input_fwd computes it (q and k with their norm weights and the rotation, v with neither), in one launch
@@ -462,7 +465,7 @@ def gla_qkv_fwd(y, convs, norms, cos, sin, heads: int, eps: tuple[float, float])
     if q.numel():
         out_strides = (T * key_dim, key_dim, 1)
         args = (y, *_qkv_operands(convs, norms, cos, sin), q, k, v, *y.stride(), *out_strides, T, heads, *eps)
-        meta = _qkv_meta(key_dim, heads, taps)
+        meta = _meta(key_dim, heads, taps)
         _launch("qkv_forward", lambda bt: cdiv(T, bt), B, heads, pieces, *args, programs_key(B, heads, pieces), **meta)
     return q, k, v
 
@@ -480,8 +483,7 @@ def gla_qkv_bwd(
     dq, dk, dv = grads
     if dk.stride() != dq.stride() or (pieces == 3 and dv.stride() != dq.stride()):
         dq, dk, dv = (g.contiguous() for g in grads)
-    rows, tiles = backward_tiles(taps)
-    groups = cdiv(cdiv(T, rows - (taps - 1)), tiles)  # programs along the rows
+    groups, tiling = _tiling(T, taps)
     dw = torch.empty(pieces, key_dim, taps, groups * B, dtype=torch.float32, device=y.device)
     dnw = torch.empty(2, key_dim // heads, groups * B * heads, dtype=torch.float32, device=y.device)
     d_conv_v = None
@@ -493,8 +495,7 @@ def gla_qkv_bwd(
         strides = (*y.stride(), *dq.flatten(2).stride(), *dx.stride())
         operands = _qkv_operands(convs, norms, cos, sin)
         args = (y, *operands, dq, dk, dv, dx, dw, dnw, *strides, T, heads, *eps, programs_key(B, heads, pieces))
-        tiling = dict(BT=rows, TILES=tiles, ACC=taps <= ACC_TAPS)
-        _launch("qkv_backward", lambda bt: groups, B, heads, pieces, *args, **_qkv_meta(key_dim, heads, taps), **tiling)
+        _launch("qkv_backward", lambda bt: groups, B, heads, pieces, *args, **_meta(key_dim, heads, taps), **tiling)
     d_conv = dw.sum(-1).view(pieces, *convs[0].shape).to(convs[0].dtype)
     return d_conv, d_conv_v, dnw.sum(-1).to(norms[0].dtype)
 
