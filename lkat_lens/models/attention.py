@@ -249,7 +249,8 @@ class VisionGLA(nn.Module):
             return self._core_takes(y)
         modes = (self.core_mode, self.input_mode, self.gate_mode, self.output_mode, self.mode)
         weights = (second.weight.dtype, None if second.bias is None else second.bias.dtype)
-        key = (y.shape, y.dtype, y.device, modes, weights, *map(id, (*modules, second, self.g_norm)))
+        # the modules themselves, not their ids: a key holds them, so a replaced module's id cannot come back
+        key = (y.shape, y.dtype, y.device, modes, weights, *modules, second, self.g_norm)
         choice = self._core_choices.get(key)
         if choice is None:
             if len(self._core_choices) >= 64:
