@@ -14,12 +14,11 @@ from pathlib import Path
 
 import pytest
 import torch
-import triton
 from triton.backends.compiler import GPUTarget
 from triton.compiler import make_backend
 from triton.runtime.jit import create_function_from_signature
 
-from lkat_lens.kernels.tuned import TunedKernel, specialisation
+from lkat_lens.kernels.tuned import specialisation
 
 BENCHMARKS = Path(__file__).resolve().parents[1] / "benchmarks"
 
@@ -64,12 +63,10 @@ def test_the_key_separates_what_tritons_binder_specialises_apart(launches) -> No
     assert len({id(kernel) for kernel, _, _ in launches}) >= 7  # GLA input, short GLA and output path, each way
     for kernel, args, kwargs in launches:
         binder = create_function_from_signature(kernel.signature, kernel.params, backend)
-        constexpr = TunedKernel(triton.autotune(configs=[triton.Config({})], key=[])(kernel))._constexpr
-        assert constexpr == tuple(p.is_constexpr for p in kernel.params), kernel.__name__
         triton_of, ours_of = {}, {}
         for variant in _variants(args):
             triton_key = str(binder(*variant, **kwargs)[1])
-            ours = specialisation(variant, constexpr)
+            ours = specialisation(variant)
             triton_of.setdefault(ours, set()).add(triton_key)
             ours_of.setdefault(triton_key, set()).add(ours)
         merged = {k: v for k, v in triton_of.items() if len(v) > 1}
@@ -78,9 +75,11 @@ def test_the_key_separates_what_tritons_binder_specialises_apart(launches) -> No
 
 
 def test_equal_calls_share_a_key_and_pointers_do_not_enter_it() -> None:
-    """Two calls with different tensors of the same dtype, alignment and device and the same integers share a key."""
+    """Two calls with different tensors of the same dtype and alignment and the same other values share a key; a
+    tensor's dtype or alignment or another argument's value sets a call apart (a float's too: it may be a constexpr)."""
     a, b = torch.zeros(64), torch.ones(64)
-    flags = (False, False, False, True)
-    assert specialisation((a, 7, 0.5, 4), flags) == specialisation((b, 7, 1.5, 4), flags)
-    assert specialisation((a, 7, 0.5, 4), flags) != specialisation((a, 7, 0.5, 8), flags)  # a constexpr's value
-    assert len({specialisation((a, n), flags[:2]) for n in itertools.chain((1, 16, 17), (2**31, 2**63))}) == 5
+    assert specialisation((a, 7, 0.5, True)) == specialisation((b, 7, 0.5, True))
+    apart = [(a, 7, 0.5, False), (a, 8, 0.5, True), (a, 7, 1.5, True), (a.half(), 7, 0.5, True)]
+    apart.append((_misaligned(a), 7, 0.5, True))
+    assert len({specialisation(args) for args in [(a, 7, 0.5, True), *apart]}) == 6
+    assert len({specialisation((a, n)) for n in itertools.chain((1, 16, 17), (2**31, 2**63))}) == 5

@@ -8,8 +8,11 @@ the step (~190 launches a step, H200 machine). A TunedKernel wraps an autotuner:
 the next through JITFunction.run with the chosen configuration, which returns the compiled kernel; later calls start
 that compiled kernel directly, as JITFunction.run does (the same arguments, grid, stream and launch hooks).
 
-The key holds what decides the compiled kernel: the values of the autotuner's key arguments, the keyword arguments
-and the arguments' specialisation (`specialisation`: as Triton computes it, or finer, with the tensors' device).
+A key holds what decides the compiled kernel: the keyword arguments and the positional arguments' specialisation
+(`specialisation`: as Triton computes it, or finer, and so the values of the autotuner's key arguments, which are
+integers and flags in every kernel here); a plan's key adds the current device, as Triton's cache of compiled kernels
+does. Past `MAX_KEYS` keys a kernel's new keys go through the autotuner and JITFunction.run on every call, so that an
+argument that changed on every call could not grow its tables without end.
 `DIRECT = False` sends every launch through JITFunction.run (benchmarks/bench_eager_host.py compares both).
 """
 
@@ -27,7 +30,7 @@ from triton.runtime.autotuner import Autotuner
 from .host_math import next_power_of_2
 
 DIRECT = True
-_I32, _I64 = 2**31, 2**63
+MAX_KEYS = 256
 
 
 def programs_key(*counts: int) -> int:
@@ -38,27 +41,20 @@ def programs_key(*counts: int) -> int:
     return next_power_of_2(math.prod(counts))
 
 
-def specialisation(args: tuple, constexpr: tuple[bool, ...]) -> tuple:
-    """What Triton's specialisation of these positional arguments depends on (as fine as it, or finer), and their
-    device: a tensor's dtype, 16-byte alignment and device; an integer's being 1, its divisibility by 16 and its width
-    (i32, i64, u64); the type of a float or bool; the value of a constexpr argument or of anything else (an int
-    subclass, a string). It runs on every launch (~200 an eager LKAT-T training step): plain integers are told by
-    their exact type first and their width is written inline, half the time of isinstance checks in order (6.8
-    against 9.4-12.4 us for the GLA input kernel's key, 16 arguments, on the CPU machine)."""
-    key = []
-    append = key.append
-    for arg, is_constexpr in zip(args, constexpr, strict=False):
-        if is_constexpr:
-            append(("constexpr", arg))
-        elif type(arg) is int:
-            append((arg == 1, not arg & 15, 32 if -_I32 <= arg < _I32 else (64 if -_I64 <= arg < _I64 else 65)))
-        elif isinstance(arg, Tensor):
-            append((arg.dtype, not arg.data_ptr() & 15, arg.get_device()))
-        elif isinstance(arg, (bool, float)):
-            append(type(arg))
-        else:  # an int subclass too: keyed by its value, finer than Triton
-            append(arg)
-    return tuple(key)
+def specialisation(args: tuple) -> tuple:
+    """What Triton's specialisation of these positional arguments depends on, or finer: a tensor's dtype and 16-byte
+    alignment; anything else by its value (an integer's, where Triton keys on its being 1, its divisibility by 16 and
+    its width; a float's, where Triton keys on its type; a constexpr's). It runs on every launch (~160 an eager LKAT-T
+    training step): integers are told by their exact type first and kept as they are, about half the time of
+    computing each one's three properties (4.8 against 8.8 us for 27 arguments, the fastest of repeated timings on the
+    CPU machine). A kernel's sizes, strides and constants take a few values a run; TunedKernel caps the keys it
+    keeps."""
+    return tuple(
+        [
+            arg if type(arg) is int else (arg.dtype, not arg.data_ptr() & 15) if isinstance(arg, Tensor) else arg
+            for arg in args
+        ]
+    )
 
 
 def _launchable(compiled: Any) -> bool:
@@ -84,20 +80,11 @@ class TunedKernel:
     def __init__(self, autotuner: Autotuner) -> None:
         self.autotuner = autotuner
         self.kernel = autotuner.fn
-        names = list(autotuner.arg_names)
-        self._key_args = [(name, names.index(name)) for name in autotuner.keys]
         params = inspect.signature(self.kernel.fn).parameters.values()
         self._names = tuple(p.name for p in params)
-        # Triton's own rule (KernelParam.is_constexpr); the interpreter's functions have no KernelParams
-        self._constexpr = tuple("constexpr" in str(p.annotation) for p in params)
         self._defaults = {p.name: p.default for p in params if p.default is not inspect.Parameter.empty}
         self._chosen: dict[tuple, dict[str, Any]] = {}
         self._plans: dict[tuple, _Plan] = {}
-
-    def key(self, args: tuple, meta: dict) -> tuple:
-        """A call's key: its autotuning key values, keyword arguments and argument specialisation."""
-        values = tuple([args[i] if i < len(args) else meta[name] for name, i in self._key_args])
-        return values, tuple(meta.items()), specialisation(args, self._constexpr)
 
     def __getitem__(self, grid):
         return lambda *args, **meta: self.run(grid, *args, **meta)
@@ -105,16 +92,19 @@ class TunedKernel:
     def run(self, grid, *args: Any, **meta: Any) -> None:
         """Launch over `grid`: through the autotuner on a key's first call, through JITFunction.run with its choice
         on the second, then directly."""
-        key = self.key(args, meta)
-        plan = self._plans.get(key) if DIRECT else None
-        if plan is not None:
-            self._start(plan, grid, args)
-            return
+        key = specialisation(args), tuple(meta.items())
+        if DIRECT and self._plans:  # none under the interpreter, which has no driver to ask for a device
+            device = driver.active.get_current_device()
+            plan = self._plans.get((device, key))
+            if plan is not None:
+                self._start(plan, grid, args, device)
+                return
         chosen = self._chosen.get(key)
         if chosen is None:
             self.autotuner[grid](*args, **meta)
             config = getattr(self.autotuner, "best_config", None)
-            if config is not None and config.pre_hook is None:  # else the key keeps going through the autotuner
+            # else the key keeps going through the autotuner
+            if config is not None and config.pre_hook is None and len(self._chosen) < MAX_KEYS:
                 self._chosen[key] = config.all_kwargs()
             return
         compiled = self.kernel.run(*args, grid=grid, warmup=False, **meta, **chosen)
@@ -122,17 +112,18 @@ class TunedKernel:
             named = {**meta, **chosen}
             rest = self._names[len(args) :]
             tail = tuple(named[n] if n in named else self._defaults[n] for n in rest)
-            self._plans[key] = _Plan(compiled, tail, dict(zip(rest, tail, strict=True)))
+            plan = _Plan(compiled, tail, dict(zip(rest, tail, strict=True)))
+            self._plans[driver.active.get_current_device(), key] = plan
 
     @staticmethod
-    def _start(plan: _Plan, grid, args: tuple) -> None:
+    def _start(plan: _Plan, grid, args: tuple, device: int) -> None:
         """Start the plan's compiled kernel as JITFunction.run would: every parameter in order, the grid of three, the
-        current stream, Triton's launch hooks with the launch metadata (see `_hooks`)."""
+        device's current stream, Triton's launch hooks with the launch metadata (see `_hooks`)."""
         compiled, bound = plan.compiled, args + plan.tail
         if callable(grid):
             grid = grid(plan.named)
         size = (*grid, 1, 1)
-        stream = driver.active.get_current_stream(driver.active.get_current_device())
+        stream = driver.active.get_current_stream(device)
         enter, leave = _hooks()
         metadata = None if enter is leave is None else compiled.launch_metadata(grid, stream, *bound)
         compiled.run(
