@@ -1,4 +1,4 @@
-"""kernels.tuned.specialisation: TunedKernel starts a compiled kernel again only for calls whose key it shares, so the
+"""kernels.tuned.specialise: TunedKernel starts a compiled kernel again only for calls whose key it shares, so the
 key must tell apart every two calls that Triton's own binder would specialise differently (else a kernel compiled for
 16-byte-aligned pointers or a divisible size would run on other ones). Checked without a GPU against the binder Triton
 builds for an sm_90 target, on the arguments of every kernel an LKAT layer launches (caught by
@@ -18,7 +18,7 @@ from triton.backends.compiler import GPUTarget
 from triton.compiler import make_backend
 from triton.runtime.jit import create_function_from_signature
 
-from lkat_lens.kernels.tuned import specialisation
+from lkat_lens.kernels.tuned import specialise
 
 BENCHMARKS = Path(__file__).resolve().parents[1] / "benchmarks"
 
@@ -66,7 +66,7 @@ def test_the_key_separates_what_tritons_binder_specialises_apart(launches) -> No
         triton_of, ours_of = {}, {}
         for variant in _variants(args):
             triton_key = str(binder(*variant, **kwargs)[1])
-            ours = specialisation(variant)
+            ours = specialise(variant)[0]
             triton_of.setdefault(ours, set()).add(triton_key)
             ours_of.setdefault(triton_key, set()).add(ours)
         merged = {k: v for k, v in triton_of.items() if len(v) > 1}
@@ -74,12 +74,25 @@ def test_the_key_separates_what_tritons_binder_specialises_apart(launches) -> No
         assert len(ours_of) > 2, kernel.__name__  # the variants did change Triton's specialisation
 
 
+def key(args: tuple) -> tuple:
+    return specialise(args)[0]
+
+
 def test_equal_calls_share_a_key_and_pointers_do_not_enter_it() -> None:
     """Two calls with different tensors of the same dtype and alignment and the same other values share a key; a
     tensor's dtype or alignment or another argument's value sets a call apart (a float's too: it may be a constexpr)."""
     a, b = torch.zeros(64), torch.ones(64)
-    assert specialisation((a, 7, 0.5, True)) == specialisation((b, 7, 0.5, True))
+    assert key((a, 7, 0.5, True)) == key((b, 7, 0.5, True))
     apart = [(a, 7, 0.5, False), (a, 8, 0.5, True), (a, 7, 1.5, True), (a.half(), 7, 0.5, True)]
     apart.append((_misaligned(a), 7, 0.5, True))
-    assert len({specialisation(args) for args in [(a, 7, 0.5, True), *apart]}) == 6
-    assert len({specialisation((a, n)) for n in itertools.chain((1, 16, 17), (2**31, 2**63))}) == 5
+    assert len({key(args) for args in [(a, 7, 0.5, True), *apart]}) == 6
+    assert len({key((a, n)) for n in itertools.chain((1, 16, 17), (2**31, 2**63))}) == 5
+
+
+def test_a_direct_launch_passes_tensors_as_their_data_pointers_and_the_rest_as_it_is() -> None:
+    """Triton's launcher takes an integer for a pointer as it is: a view's pointer is its first element's."""
+    a, view = torch.zeros(64), torch.ones(64)[3:]
+    args = (a, 7, view, 0.5, None, True, 2**40)
+    key, pointers = specialise(args)
+    assert pointers == [a.data_ptr(), 7, view.data_ptr(), 0.5, None, True, 2**40]
+    assert key == ((torch.float32, True), 7, (torch.float32, False), 0.5, None, True, 2**40)

@@ -6,10 +6,11 @@ launches; Triton's JITFunction.run then binds the arguments, specialises them, b
 kernel's globals. In an eager LKAT step, which is bound by the host, cProfile put the launches at about a quarter of
 the step (~190 launches a step, H200 machine). A TunedKernel wraps an autotuner: a key's first call goes through it,
 the next through JITFunction.run with the chosen configuration, which returns the compiled kernel; later calls start
-that compiled kernel directly, as JITFunction.run does (the same arguments, grid, stream and launch hooks).
+that compiled kernel directly, as JITFunction.run does (the same arguments, the tensors as their data pointers, grid,
+stream and launch hooks).
 
 A key holds what decides the compiled kernel: the keyword arguments and the positional arguments' specialisation
-(`specialisation`: as Triton computes it, or finer, and so the values of the autotuner's key arguments, which are
+(`specialise`: as Triton computes it, or finer, and so the values of the autotuner's key arguments, which are
 integers and flags in every kernel here); a plan's key adds the current device, as Triton's cache of compiled kernels
 does. Past `MAX_KEYS` keys a kernel's new keys go through the autotuner and JITFunction.run on every call, so that an
 argument that changed on every call could not grow its tables without end.
@@ -41,20 +42,18 @@ def programs_key(*counts: int) -> int:
     return next_power_of_2(math.prod(counts))
 
 
-def specialisation(args: tuple) -> tuple:
-    """What Triton's specialisation of these positional arguments depends on, or finer: a tensor's dtype and 16-byte
-    alignment; anything else by its value (an integer's, where Triton keys on its being 1, its divisibility by 16 and
-    its width; a float's, where Triton keys on its type; a constexpr's). It runs on every launch (~160 an eager LKAT-T
-    training step): integers are told by their exact type first and kept as they are, about half the time of
-    computing each one's three properties (4.8 against 8.8 us for 27 arguments, the fastest of repeated timings on the
-    CPU machine). A kernel's sizes, strides and constants take a few values a run; TunedKernel caps the keys it
-    keeps."""
-    return tuple(
-        [
-            arg if type(arg) is int else (arg.dtype, not arg.data_ptr() & 15) if isinstance(arg, Tensor) else arg
-            for arg in args
-        ]
-    )
+def specialise(args: tuple) -> tuple[tuple, list]:
+    """(key, pointers): what Triton's specialisation of these positional arguments depends on, or finer, and the
+    arguments as a direct launch passes them, each tensor as its data pointer. The key holds a tensor's dtype and
+    16-byte alignment and anything else by its value (an integer's, where Triton keys on its being 1, its divisibility
+    by 16 and its width; a float's, where Triton keys on its type; a constexpr's). Given a tensor, Triton's launcher
+    calls its data_ptr again and asks the CUDA driver whether the pointer is a device pointer (cuPointerGetAttribute);
+    given an integer, it takes it as it is, so the pointers are read once, here. It runs on every launch (~160 an
+    eager LKAT-T training step): integers are told by their exact type first and kept as they are, about half the
+    time of computing each one's three properties (CPU machine). A kernel's sizes, strides and constants take a few
+    values a run; TunedKernel caps the keys it keeps."""
+    pointers = [arg if type(arg) is int else arg.data_ptr() if isinstance(arg, Tensor) else arg for arg in args]
+    return tuple([p if p is arg else (arg.dtype, not p & 15) for arg, p in zip(args, pointers, strict=True)]), pointers
 
 
 def _launchable(compiled: Any) -> bool:
@@ -92,12 +91,13 @@ class TunedKernel:
     def run(self, grid, *args: Any, **meta: Any) -> None:
         """Launch over `grid`: through the autotuner on a key's first call, through JITFunction.run with its choice
         on the second, then directly."""
-        key = specialisation(args), tuple(meta.items())
+        specialised, pointers = specialise(args)
+        key = specialised, tuple(meta.items())
         if DIRECT and self._plans:  # none under the interpreter, which has no driver to ask for a device
             device = driver.active.get_current_device()
             plan = self._plans.get((device, key))
             if plan is not None:
-                self._start(plan, grid, args, device)
+                self._start(plan, grid, args, pointers, device)
                 return
         chosen = self._chosen.get(key)
         if chosen is None:
@@ -116,16 +116,21 @@ class TunedKernel:
             self._plans[driver.active.get_current_device(), key] = plan
 
     @staticmethod
-    def _start(plan: _Plan, grid, args: tuple, device: int) -> None:
+    def _start(plan: _Plan, grid, args: tuple, pointers: list, device: int) -> None:
         """Start the plan's compiled kernel as JITFunction.run would: every parameter in order, the grid of three, the
-        device's current stream, Triton's launch hooks with the launch metadata (see `_hooks`)."""
-        compiled, bound = plan.compiled, args + plan.tail
+        device's current stream, Triton's launch hooks with the launch metadata (see `_hooks`). The tensors go as
+        their data pointers (`specialise`), unless a hook is set: its launch metadata may read them."""
+        compiled = plan.compiled
         if callable(grid):
             grid = grid(plan.named)
         size = (*grid, 1, 1)
         stream = driver.active.get_current_stream(device)
         enter, leave = _hooks()
-        metadata = None if enter is leave is None else compiled.launch_metadata(grid, stream, *bound)
+        if enter is leave is None:
+            metadata, bound = None, (*pointers, *plan.tail)
+        else:
+            bound = args + plan.tail
+            metadata = compiled.launch_metadata(grid, stream, *bound)
         compiled.run(
             size[0], size[1], size[2], stream, compiled.function, compiled.packed_metadata, metadata, enter, leave,
             *bound,
