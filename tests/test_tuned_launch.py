@@ -64,7 +64,20 @@ def interpreter_measurements() -> dict:
             _TILE[:] = [tile]
             kernel[lambda m, n=n: (triton.cdiv(n, m["BLOCK"]),)](x, out, tile, n)
             calls.append({"n": n, "dtype": str(dtype), "right": torch.equal(out, 2 * x), "tile": tile.item()})
-    return {"calls": calls, "autotuner_runs": runs}
+    return {"calls": calls, "autotuner_runs": runs, "capped": capped_measurements()}
+
+
+def capped_measurements() -> dict:
+    """With MAX_KEYS = 2, five calls over three sizes: the keys the kernel keeps and whether each call was right."""
+    kernel = TunedKernel(triton.autotune(configs=[triton.Config({"BLOCK": 16})], key=["n"])(_double))
+    right = []
+    with mock.patch.object(tuned, "MAX_KEYS", 2):
+        for n in (5, 6, 7, 7, 5):
+            x = torch.arange(n, dtype=torch.float32)
+            out, tile = torch.full_like(x, -1.0), torch.zeros(1, dtype=torch.int32)
+            kernel[lambda m, n=n: (triton.cdiv(n, m["BLOCK"]),)](x, out, tile, n)
+            right.append(torch.equal(out, 2 * x))
+    return {"keys": sorted(key[0][3] for key in kernel._chosen), "right": right}
 
 
 @pytest.fixture(scope="module")
@@ -81,6 +94,11 @@ def test_the_autotuner_runs_once_per_key_and_its_choice_is_launched(interp: dict
     first call only, and every call runs the configuration it chose (the widest tile, not its first configuration)."""
     assert interp["autotuner_runs"] == [100, 37, 100], interp
     assert [call["tile"] for call in interp["calls"]] == [max(BLOCKS)] * 6, interp["calls"]
+
+
+def test_a_kernel_keeps_at_most_max_keys_keys_and_starts_the_others_through_the_autotuner(interp: dict) -> None:
+    """A size past the cap (n = 7) is not kept, and its calls are still right."""
+    assert interp["capped"] == {"keys": [5, 6], "right": [True] * 5}, interp["capped"]
 
 
 def test_direct_launches_pass_triton_s_hooks_only_while_a_chain_holds_one() -> None:
