@@ -36,10 +36,9 @@ from .gla_input import gla_qkv_bwd, gla_qkv_fwd, qkv_pieces
 from .gla_short import INTERPRET, empty_states, gla_short_bwd, gla_short_fwd
 
 
-def _pieces(y: torch.Tensor, key_dim: int, value_dim: int) -> list[torch.Tensor]:
-    """y's column slices q, k, v, g, code (views)."""
-    rank = y.shape[-1] - 2 * (key_dim + value_dim)
-    return list(y.split([key_dim, key_dim, value_dim, value_dim, rank], dim=-1))
+def _gate_columns(y: torch.Tensor, key_dim: int, value_dim: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """y's column slices g and code, after q's, k's and v's columns (views; the q/k/v kernels read those from y)."""
+    return y[..., 2 * key_dim + value_dim :].split([value_dim, y.shape[-1] - 2 * (key_dim + value_dim)], dim=-1)
 
 
 def _heads(x: torch.Tensor, heads: int) -> torch.Tensor:
@@ -54,7 +53,7 @@ def gla_core_fwd(
     """(z [B, T, H, V] in y's dtype, then what the backward reads: q, k, v, gk, h, o). eps: q_norm's, k_norm's and
     g_norm's."""
     B, T, _ = y.shape
-    _, _, _, yg, code = _pieces(y, conv_q.shape[0], conv_v.shape[0])
+    yg, code = _gate_columns(y, conv_q.shape[0], conv_v.shape[0])
     q, k, v = gla_qkv_fwd(y, (conv_q, conv_k, conv_v), (norm_q, norm_k), cos, sin, heads, (eps[0], eps[1]))
     gk = gla_gate_fwd(code.flatten(0, 1), gate_weight, gate_bias, normalizer).view(B, T, heads, -1)
     o, h = gla_short_fwd(q, k, v, gk, scale, segment)
@@ -72,8 +71,8 @@ def gla_core_bwd(
     z's gradient dz. Stacked, each is one reduction of its partial sums (a custom op's outputs may not be views of one
     another)."""
     dy = torch.empty(y.shape, dtype=y.dtype, device=y.device)
-    _, _, _, yg, code = _pieces(y, conv_q.shape[0], conv_v.shape[0])
-    _, _, _, dyg, dcode = _pieces(dy, conv_q.shape[0], conv_v.shape[0])
+    yg, code = _gate_columns(y, conv_q.shape[0], conv_v.shape[0])
+    dyg, dcode = _gate_columns(dy, conv_q.shape[0], conv_v.shape[0])
     do, _, d_out = gated_norm_bwd(o.flatten(0, 1), _heads(yg, heads), out_weight, out_bias,
                                   dz.reshape(-1, *dz.shape[2:]), eps[2], dg=_heads(dyg, heads))  # fmt: skip
     dq, dk, dv, dgk = gla_short_bwd(q, k, v, gk, h, do.view(o.shape), scale, segment)
