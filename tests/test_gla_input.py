@@ -125,22 +125,29 @@ def qkv_reference(y, convs, norms, cos, sin, grads, heads: int) -> list[torch.Te
     return [*(o.detach() for o in outs), *torch.autograd.grad(loss, leaves)]
 
 
+def run_qkv_kernels(y, convs, norms, cos, sin, grads, heads: int) -> tuple[list[torch.Tensor], bool]:
+    """gla_qkv_fwd's q, k, v and gla_qkv_bwd's gradients in QKV_OUTPUTS order (dx: its q, k and v columns), written
+    into a NaN-filled dx, and whether dx's other columns stayed untouched."""
+    outs = gla_input.gla_qkv_fwd(y, convs, norms, cos, sin, heads, EPS_QK)
+    dx = torch.full(y.shape, float("nan"), dtype=y.dtype, device=y.device)
+    d_conv, d_conv_v, d_norm = gla_input.gla_qkv_bwd(y, convs, norms, cos, sin, grads, heads, EPS_QK, dx)
+    width = sum(c.shape[0] for c in convs)
+    got = [*outs, dx[..., :width], *d_conv.unbind(0), *([] if d_conv_v is None else [d_conv_v]), *d_norm.unbind(0)]
+    return got, bool(dx[..., width:].isnan().all())
+
+
 def _measure_qkv_case(case: tuple) -> dict:
     """gla_qkv_fwd's q, k, v and gla_qkv_bwd's gradients against the fp64 reference; dx's other columns untouched."""
     B, T, H, K, V, dtype_name, taps = case
     y, convs, norms, cos, sin, grads = make_qkv_case(B, T, H, K, V, getattr(torch, dtype_name), taps)
-    outs = gla_input.gla_qkv_fwd(y, convs, norms, cos, sin, H, EPS_QK)
-    dx = torch.full(y.shape, float("nan"), dtype=y.dtype)
     grads_in = tuple(g.to(y.dtype) for g in grads)
-    d_conv, d_conv_v, d_norm = gla_input.gla_qkv_bwd(y, convs, norms, cos, sin, grads_in, H, EPS_QK, dx)
-    width = 2 * H * K + H * V
-    got = [*outs, dx[..., :width], *d_conv.unbind(0), *([] if d_conv_v is None else [d_conv_v]), *d_norm.unbind(0)]
+    got, untouched = run_qkv_kernels(y, convs, norms, cos, sin, grads_in, H)
     ref = qkv_reference(y, convs, norms, cos, sin, grads_in, H)
     errors = {name: rel_max(g, r) for name, g, r in zip(QKV_OUTPUTS, got, ref, strict=True)}
     errors["layout_ok"] = [(g.dtype, tuple(g.shape)) for g in got] == [
         (y.dtype if i < 4 else torch.float32, tuple(r.shape)) for i, r in enumerate(ref)
     ]
-    errors["other_columns_untouched"] = bool(dx[..., width:].isnan().all())
+    errors["other_columns_untouched"] = untouched
     errors["pieces"] = gla_input.qkv_pieces(convs)
     return errors
 
