@@ -93,6 +93,6 @@ def test_a_direct_launch_passes_tensors_as_their_data_pointers_and_the_rest_as_i
     """Triton's launcher takes an integer for a pointer as it is: a view's pointer is its first element's."""
     a, view = torch.zeros(64), torch.ones(64)[3:]
     args = (a, 7, view, 0.5, None, True, 2**40)
-    key, pointers = specialise(args)
+    keyed, pointers = specialise(args)
     assert pointers == [a.data_ptr(), 7, view.data_ptr(), 0.5, None, True, 2**40]
-    assert key == ((torch.float32, True), 7, (torch.float32, False), 0.5, None, True, 2**40)
+    assert keyed == ((torch.float32, True), 7, (torch.float32, False), 0.5, None, True, 2**40)
