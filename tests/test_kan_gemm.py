@@ -103,6 +103,13 @@ def _measure_saved_and_partial_grads() -> dict:
     only_w = kan_linear(x, gwt, Wt, *GRID, backend="fused")
     only_w.backward(dy)
     ref = _fwd_bwd("channel", (x, gw, W, dy), None, torch.float64)
+    # the backward kernel without dx (nothing but W needs a gradient), and without psi (W frozen), shared grid weights
+    shared = _operands("shared", torch.float32, 4, SHAPES[0], seed=1)
+    shared_ref = _fwd_bwd("shared", shared, None, torch.float64)
+    W_alone = shared[2].clone().requires_grad_()
+    kan_linear(shared[0], shared[1], W_alone, *GRID, backend="fused").backward(shared[3])
+    x_alone = shared[0].clone().requires_grad_()
+    kan_linear(x_alone, shared[1], shared[2], *GRID, backend="fused").backward(shared[3])
     empty = torch.zeros(0, x.shape[-1], requires_grad=True)
     y0 = kan_linear(empty, gwt, Wt, *GRID, backend="fused")
     y0.sum().backward()
@@ -111,6 +118,8 @@ def _measure_saved_and_partial_grads() -> dict:
         "saved_edge": [t is s for t, s in zip((xt, We), saved_edge, strict=True)],
         "only_w_dW": _rel(Wt.grad, ref["dW"]),
         "only_w_dgw": _rel(gwt.grad, ref["dgw"]),
+        "W_alone_dW": _rel(W_alone.grad, shared_ref["dW"]),
+        "x_alone_dx": _rel(x_alone.grad, shared_ref["dx"]),
         "empty_ok": y0.shape == (0, W.shape[0]) and empty.grad.shape == empty.shape,
     }
 
@@ -161,6 +170,7 @@ def test_fused_saves_only_inputs_and_grads_where_asked(interp: dict) -> None:
     measured = interp["saved"]
     assert all(measured["saved_kan"]) and all(measured["saved_edge"]), measured
     assert measured["only_w_dW"] <= 1e-5 and measured["only_w_dgw"] <= 1e-5, measured
+    assert measured["W_alone_dW"] <= 1e-5 and measured["x_alone_dx"] <= 1e-5, measured
     assert measured["empty_ok"]
 
 

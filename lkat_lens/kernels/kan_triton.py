@@ -1,12 +1,11 @@
 """Triton kernels of the whole RBF-KAN layer fused into its matmuls, forward and backward.
 
-Shared / channel basis, x [M, K], grid weights w [K, G] (the shared form passes one row with stride 0),
+Shared / channel basis, x [M, K], grid weights w [K, G] (the shared form passes one row, read as G scalars),
 W [N, K]: y = psi(x) W^T with psi(x)[r, k] = sum_g w[k, g] phi_g(x[r, k]). psi is evaluated on the A tile
-as it is loaded (prologue), so it never reaches HBM. The backward computes dpsi = dy W with
-dx = dpsi * psi'(x) and this tile's share of dw[k, g] = sum_r dpsi[r, k] phi_g(x[r, k]) in the epilogue
-(a [row blocks, K, G] partial the host sums in a fixed order), and dW = dy^T psi(x) with psi again
-recomputed on the operand load, its reduction over rows split across programs (fp32 partials the host sums in a
-fixed order), since dW's [N, K] has too few tiles to fill the GPU.
+as it is loaded (prologue), so it never reaches HBM in the forward. The backward kernel computes dpsi = dy W with,
+in its epilogue, dx = dpsi * psi'(x), the tile's share of dw[k, g] = sum_r dpsi[r, k] phi_g(x[r, k]) (per column,
+or for a shared row one sum per tile; the host sums the shares in a fixed order) and psi(x) itself, written in W's
+dtype for dW = dy^T psi, which cuBLAS computes (psi is not saved: it lives only for that GEMM).
 
 Edge basis (FastKAN), W [N, K*G] with column p*G + g: y = Phi(x) W^T with Phi(x)[r, p*G + g] = phi_g(x[r, p]).
 The K loop walks (channel block, span of four centers) and generates the four basis tiles from one x
@@ -29,7 +28,7 @@ import triton.language as tl
 
 from .host_math import cdiv
 from .rbf import check_grid
-from .rbf_triton import INTERPRET, num_sms
+from .rbf_triton import INTERPRET
 from .tuned import TunedKernel, programs_key
 
 _SPAN: tl.constexpr = tl.constexpr(4)
@@ -40,7 +39,6 @@ _T_MAX: tl.constexpr = tl.constexpr(40.0)
 _GROUP_M = 8
 # Under the interpreter: one small tile shape, so that masking and every loop run on tiny inputs.
 _INTERP_META = {"BLOCK_M": 16, "BLOCK_N": 16, "BLOCK_K": 16, "GROUP_M": 2}
-_MIN_SPLIT_ROWS = 1024  # a dW row split below this costs more in its partial's write than it gains
 
 
 @triton.jit
@@ -130,24 +128,54 @@ def _dy_w(
 
 
 @triton.jit
-def _grid_sum(u, gw_ptr, cols, col_ok, stride_gw, G: tl.constexpr, dpsi, part_row):
-    """On a [rows, cols] tile of u, in fp32 (0 on masked columns): psi = sum_g w[col, g] phi_g(u); or, given
-    dpsi, sum_g w[col, g] phi_g(u) (u - g) (psi' but for the factor -2/h), storing the tile's share of the
-    grid-weight gradient, sum_rows dpsi phi_g(u), at part_row + g."""
-    out = tl.zeros_like(u)
+def _weight(gw_ptr, cols, col_ok, stride_gw, a: tl.constexpr, j: tl.constexpr, SHARED: tl.constexpr):
+    """w[col, a + j] e^{-j^2} for center j of the span starting at a: a scalar for a SHARED row, else [1, cols]."""
+    if SHARED:
+        w = tl.load(gw_ptr + (a + j)) * _decay(j)
+    else:
+        w = (tl.load(gw_ptr + cols * stride_gw + (a + j), mask=col_ok, other=0.0) * _decay(j))[None, :]
+    return w
+
+
+@triton.jit
+def _grid_sum(u, gw_ptr, cols, col_ok, stride_gw, G: tl.constexpr, SHARED: tl.constexpr):
+    """psi = sum_g w[col, g] phi_g(u) on a [rows, cols] tile of u, in fp32."""
+    psi = tl.zeros_like(u)
     for a in tl.static_range(0, G, _SPAN):
-        v, psi, step = _span_start(u, a)
+        _, phi, step = _span_start(u, a)
         for j in tl.static_range(_SPAN):
             if a + j < G:
                 if j > 0:
-                    psi = psi * step
-                w = tl.load(gw_ptr + cols * stride_gw + (a + j), mask=col_ok, other=0.0) * _decay(j)
-                if dpsi is None:
-                    out += w[None, :] * psi
+                    phi = phi * step
+                psi += _weight(gw_ptr, cols, col_ok, stride_gw, a, j, SHARED) * phi
+    return psi
+
+
+@triton.jit
+def _grid_sum_backward(
+    u, gw_ptr, cols, col_ok, stride_gw, G: tl.constexpr, SHARED: tl.constexpr, dpsi, part_ptr, stride_pg,
+):  # fmt: skip
+    """(psi, sum_g w[col, g] phi_g(u) (u - g)) on a [rows, cols] tile of u, in fp32 (the second is psi' but for the
+    factor -2/h), storing the tile's share of the grid-weight gradient, sum dpsi phi_g(u), at part_ptr + g stride_pg:
+    per column (at part_ptr + cols G + g), or SHARED (one row of grid weights for every column) over the whole
+    tile."""
+    psi, slope = tl.zeros_like(u), tl.zeros_like(u)
+    for a in tl.static_range(0, G, _SPAN):
+        v, phi, step = _span_start(u, a)
+        for j in tl.static_range(_SPAN):
+            if a + j < G:
+                if j > 0:
+                    phi = phi * step
+                w = _weight(gw_ptr, cols, col_ok, stride_gw, a, j, SHARED)
+                psi += w * phi
+                slope += w * phi * (v - j)
+                share = dpsi * phi
+                if SHARED:
+                    one = tl.arange(0, 1)
+                    tl.store(part_ptr + (a + j) * stride_pg + one, tl.sum(tl.sum(share, axis=1), axis=0) * _decay(j))
                 else:
-                    out += w[None, :] * psi * (v - j)
-                    tl.store(part_row + (a + j), tl.sum(dpsi * psi, axis=0) * _decay(j), mask=col_ok)
-    return out
+                    tl.store(part_ptr + cols * G + (a + j), tl.sum(share, axis=0) * _decay(j), mask=col_ok)
+    return psi, slope
 
 
 @triton.jit
@@ -155,7 +183,7 @@ def _kan_fwd_kernel(
     x_ptr, gw_ptr, w_ptr, y_ptr, M, N, K, programs,
     stride_xm, stride_xk, stride_gw, stride_wn, stride_wk, stride_ym, stride_yn,
     scale, shift,
-    G: tl.constexpr, DOT: tl.constexpr,
+    G: tl.constexpr, SHARED: tl.constexpr, DOT: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
 ):  # fmt: skip
     """y = psi(x) W^T with psi computed on the A tile."""
@@ -164,7 +192,7 @@ def _kan_fwd_kernel(
     for k0 in range(0, K, BLOCK_K):
         cols, col_ok = _block(k0, BLOCK_K, K)
         u = _load_u(x_ptr, rows, cols, stride_xm, stride_xk, row_ok, col_ok, scale, shift)
-        psi = _grid_sum(u, gw_ptr, cols, col_ok, stride_gw, G, None, None)
+        psi = _grid_sum(u, gw_ptr, cols, col_ok, stride_gw, G, SHARED)
         b = _load(w_ptr, cols, outs, stride_wk, stride_wn, col_ok, out_ok)
         acc = _mma(psi.to(b.dtype), b, acc, DOT)
     _store(y_ptr, acc, rows.to(tl.int64), outs, stride_ym, stride_yn, row_ok, out_ok)
@@ -172,45 +200,32 @@ def _kan_fwd_kernel(
 
 @triton.jit
 def _kan_bwd_dx_kernel(
-    x_ptr, gw_ptr, w_ptr, dy_ptr, dx_ptr, part_ptr, M, N, K, programs,
+    x_ptr, gw_ptr, w_ptr, dy_ptr, dx_ptr, part_ptr, psi_ptr, M, N, K, programs,
     stride_xm, stride_xk, stride_gw, stride_wn, stride_wk, stride_dym, stride_dyn, stride_dxm, stride_dxk,
-    scale, shift, dx_scale,
-    G: tl.constexpr, DOT: tl.constexpr,
+    stride_pg, stride_pm, stride_pk, scale, shift, dx_scale,
+    G: tl.constexpr, SHARED: tl.constexpr, DX: tl.constexpr, PSI: tl.constexpr, DOT: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
 ):  # fmt: skip
-    """dpsi = dy W on a [BLOCK_M, BLOCK_K] tile; epilogue: dx = dpsi psi'(x), part[row block] = dw share."""
+    """dpsi = dy W on a [BLOCK_M, BLOCK_K] tile; epilogue: DX, dx = dpsi psi'(x) and the tile's share of the
+    grid-weight gradient in part ([row block, K, G], or SHARED [G, program]); PSI, psi(x) in psi's dtype (W's: dW =
+    dy^T psi is then a cuBLAS GEMM)."""
     pid_m, rows, row_ok, cols, col_ok = _program_tile(M, K, BLOCK_M, BLOCK_K, GROUP_M)
-    dpsi = _dy_w(
-        dy_ptr, w_ptr, 0, rows, row_ok, cols, col_ok, N, stride_dym, stride_dyn, stride_wn, stride_wk,
-        BLOCK_M, BLOCK_N, BLOCK_K, DOT,
-    )  # fmt: skip
     u = _load_u(x_ptr, rows, cols, stride_xm, stride_xk, row_ok, col_ok, scale, shift)
-    part_row = part_ptr + pid_m.to(tl.int64) * K * G + cols * G
-    deriv = _grid_sum(u, gw_ptr, cols, col_ok, stride_gw, G, dpsi, part_row)
-    _store(dx_ptr, dpsi * deriv * dx_scale, rows.to(tl.int64), cols, stride_dxm, stride_dxk, row_ok, col_ok)
-
-
-@triton.jit
-def _kan_bwd_dw_kernel(
-    x_ptr, gw_ptr, dy_ptr, dw_ptr, M, N, K, programs,
-    stride_xm, stride_xk, stride_gw, stride_dym, stride_dyn, stride_dwn, stride_dwk,
-    scale, shift,
-    G: tl.constexpr, DOT: tl.constexpr,
-    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
-):  # fmt: skip
-    """dW = dy^T psi(x) with psi computed on the B tile, split over rows: program (tile, s) sums the rows of
-    split s (num_programs(1) splits of whole BLOCK_M blocks) into the fp32 partial dw[s]."""
-    pid_n, outs, out_ok, cols, col_ok = _program_tile(N, K, BLOCK_N, BLOCK_K, GROUP_M)
-    split, splits = tl.program_id(1), tl.num_programs(1)
-    rows_per_split = tl.cdiv(tl.cdiv(M, splits), BLOCK_M) * BLOCK_M
-    acc = tl.zeros((BLOCK_N, BLOCK_K), dtype=tl.float32)
-    for m0 in range(split * rows_per_split, tl.minimum((split + 1) * rows_per_split, M), BLOCK_M):
-        rows, row_ok = _block(m0, BLOCK_M, M)
-        dy_t = _load(dy_ptr, outs, rows.to(tl.int64), stride_dyn, stride_dym, out_ok, row_ok)
-        u = _load_u(x_ptr, rows, cols, stride_xm, stride_xk, row_ok, col_ok, scale, shift)
-        psi = _grid_sum(u, gw_ptr, cols, col_ok, stride_gw, G, None, None)
-        acc = _mma(dy_t, psi.to(dy_t.dtype), acc, DOT)
-    _store(dw_ptr + split.to(tl.int64) * N * K, acc, outs, cols, stride_dwn, stride_dwk, out_ok, col_ok)
+    if DX:
+        dpsi = _dy_w(
+            dy_ptr, w_ptr, 0, rows, row_ok, cols, col_ok, N, stride_dym, stride_dyn, stride_wn, stride_wk,
+            BLOCK_M, BLOCK_N, BLOCK_K, DOT,
+        )  # fmt: skip
+        if SHARED:
+            part_tile = part_ptr + tl.program_id(0)
+        else:
+            part_tile = part_ptr + pid_m.to(tl.int64) * K * G
+        psi, slope = _grid_sum_backward(u, gw_ptr, cols, col_ok, stride_gw, G, SHARED, dpsi, part_tile, stride_pg)
+        _store(dx_ptr, dpsi * slope * dx_scale, rows.to(tl.int64), cols, stride_dxm, stride_dxk, row_ok, col_ok)
+    else:
+        psi = _grid_sum(u, gw_ptr, cols, col_ok, stride_gw, G, SHARED)
+    if PSI:
+        _store(psi_ptr, psi, rows.to(tl.int64), cols, stride_pm, stride_pk, row_ok, col_ok)
 
 
 @triton.jit
@@ -297,14 +312,13 @@ def _configs(tiles: tuple[tuple[int, int, int, int, int], ...]) -> list[triton.C
     ]
 
 
-# H100 candidates per kernel (BLOCK_M, BLOCK_N, BLOCK_K, warps, stages), sized so that the accumulators and the
+# Candidates per kernel (BLOCK_M, BLOCK_N, BLOCK_K, warps, stages), sized so that the accumulators and the
 # basis temporaries of a tile stay in registers; the autotuner skips a config that does not fit in shared
-# memory (the last of each list fits with fp32 operands). The backward kernels reduce over BLOCK_N (dx) or
-# BLOCK_M (dW).
-_TILES = {
-    "kan_fwd": ((128, 128, 64, 8, 3), (128, 256, 32, 8, 3), (64, 128, 32, 4, 4)),
-    "kan_dx": ((128, 64, 64, 8, 3), (64, 64, 128, 8, 3), (64, 64, 64, 4, 4)),
-    "kan_dw": ((64, 128, 128, 8, 3), (32, 128, 64, 4, 4), (32, 64, 64, 4, 4)),
+# memory. The dx kernels reduce over BLOCK_N, edge's dW over BLOCK_M. The shared/channel kernels' are the fastest of
+# benchmarks/sweep_kan_tiles.py's 21 and 34 candidates at LKAT-T's fc1 and fc2 (H200, bf16).
+TILES = {
+    "kan_fwd": ((64, 256, 32, 8, 3), (64, 128, 32, 4, 3), (128, 128, 32, 8, 3)),
+    "kan_dx": ((64, 64, 64, 4, 4), (64, 128, 64, 4, 3), (128, 128, 64, 8, 3)),
     "edge_fwd": ((128, 128, 32, 8, 3), (128, 256, 32, 8, 2), (64, 64, 32, 4, 2)),
     "edge_dx": ((64, 64, 64, 4, 3), (128, 64, 64, 8, 3), (64, 64, 128, 8, 3)),
     "edge_dw": ((64, 64, 64, 8, 3), (64, 128, 64, 8, 3), (32, 64, 64, 4, 3)),
@@ -312,7 +326,6 @@ _TILES = {
 _KERNELS = {
     "kan_fwd": _kan_fwd_kernel,
     "kan_dx": _kan_bwd_dx_kernel,
-    "kan_dw": _kan_bwd_dw_kernel,
     "edge_fwd": _edge_fwd_kernel,
     "edge_dx": _edge_bwd_dx_kernel,
     "edge_dw": _edge_bwd_dw_kernel,
@@ -324,7 +337,7 @@ def _autotuned(name: str) -> TunedKernel:
     """The CUDA kernel autotuned over its tiles, keyed on N, K, G and the rows (`programs` = tuned.programs_key(M),
     which only the key reads)."""
     reset = ["part_ptr"] if name == "kan_dx" else None  # row blocks a discarded config wrote must read 0
-    tune = triton.autotune(configs=_configs(_TILES[name]), key=["N", "K", "G", "programs"], reset_to_zero=reset)
+    tune = triton.autotune(configs=_configs(TILES[name]), key=["N", "K", "G", "programs"], reset_to_zero=reset)
     return TunedKernel(tune(_KERNELS[name]))
 
 
@@ -387,7 +400,7 @@ def kan_fwd(
     if M:
         _launch(
             "kan_fwd", (M, N), "MN", x2d, gw32, weight, y, M, N, K, programs_key(M), *x2d.stride(), stride_gw,
-            *weight.stride(), *y.stride(), scale, shift, G=G, DOT=_dot_precision(weight.dtype),
+            *weight.stride(), *y.stride(), scale, shift, G=G, SHARED=not stride_gw, DOT=_dot_precision(weight.dtype),
         )  # fmt: skip
     return y
 
@@ -402,49 +415,49 @@ def kan_bwd(
     need_dx: bool = True,
     need_dw: bool = True,
 ) -> tuple[torch.Tensor | None, torch.Tensor | None, torch.Tensor | None]:
-    """(dx in x's dtype, grid-weight grad fp32 [1 or K, G], dW in W's dtype); the first two come together."""
+    """(dx in x's dtype, grid-weight grad fp32 [1 or K, G], dW in W's dtype); the first two come together. One kernel
+    writes dx and the grid weights' gradient shares and, where dW is asked for, psi(x) in W's dtype; dW = dy^T psi is
+    then a cuBLAS GEMM (psi lives only for it)."""
     M, K, N = _shapes(x2d, weight, 1)
     gw32, stride_gw = _grid_weight_rows(gw, K)
     G = gw32.shape[1]
     scale, shift, dx_scale = _grid_constants(grid_min, grid_max, G)
     dy = dy.to(weight.dtype)
-    dot = _dot_precision(weight.dtype)
-    dx = dgw = dw = None
-    if need_dx:
-        dx = torch.empty(M, K, device=x2d.device, dtype=x2d.dtype)
-        min_block_m = _INTERP_META["BLOCK_M"] if INTERPRET else min(t[0] for t in _TILES["kan_dx"])
-        part = torch.zeros(cdiv(M, min_block_m), K, G, device=x2d.device, dtype=torch.float32)
-        if M:
-            _launch(
-                "kan_dx", (M, K), "MK", x2d, gw32, weight, dy, dx, part, M, N, K, programs_key(M),
-                *x2d.stride(), stride_gw, *weight.stride(), *dy.stride(), *dx.stride(),
-                scale, shift, dx_scale, G=G, DOT=dot,
-            )  # fmt: skip
-        dgw = part.sum(0) if stride_gw else part.sum((0, 1)).unsqueeze(0)
+    dx = torch.empty(M, K, device=x2d.device, dtype=x2d.dtype) if need_dx else x2d.new_empty(0)
+    part_shape = _dx_part_shape(M, K, G, stride_gw) if need_dx else (0,)
+    part = torch.zeros(part_shape, device=x2d.device, dtype=torch.float32)
+    psi = torch.empty(M, K, device=x2d.device, dtype=weight.dtype) if need_dw else x2d.new_empty(0)
+    if M and (need_dx or need_dw):
+        _launch(
+            "kan_dx", (M, K), "MK", x2d, gw32, weight, dy, dx, part, psi, M, N, K, programs_key(M),
+            *x2d.stride(), stride_gw, *weight.stride(), *dy.stride(), *_strides(dx), 1 if stride_gw else part.stride(0),
+            *_strides(psi),
+            scale, shift, dx_scale, G=G, SHARED=not stride_gw, DX=need_dx, PSI=need_dw,
+            DOT=_dot_precision(weight.dtype),
+        )  # fmt: skip
+    dgw = (part.sum(0) if stride_gw else part.sum(1).unsqueeze(0)) if need_dx else None
+    dw = None
     if need_dw:
-        dw = _empty_weight_grad(weight, M)
-        if M:
-            splits = _row_splits(x2d.device, M, N, K)
-            part = torch.empty(splits, N, K, device=x2d.device, dtype=torch.float32)
-            _launch(
-                "kan_dw", (N, K), "NK", x2d, gw32, dy, part, M, N, K, programs_key(M),
-                *x2d.stride(), stride_gw, *dy.stride(), *part.stride()[1:], scale, shift, G=G, DOT=dot,
-                spans=splits,
-            )  # fmt: skip
-            dw.copy_(part.sum(0))
-    return dx, dgw, dw
+        with torch.autocast(x2d.device.type, enabled=False):  # in W's dtype, the dtype of dy and psi
+            dw = dy.T @ psi
+    return (dx if need_dx else None), dgw, dw
 
 
-def _row_splits(device: torch.device, M: int, N: int, K: int) -> int:
-    """How many row splits dW's reduction over M gets: its [N, K] output has few tiles (12 for a 768 x 192 layer
-    at 128 x 128), so without splits a handful of programs loop over every row while most SMs idle. Enough splits
-    for about two waves of the smallest dW tile, each split at least _MIN_SPLIT_ROWS rows; summed in a fixed
-    order (deterministic)."""
-    if INTERPRET:
-        return max(1, min(4, M // _INTERP_META["BLOCK_M"]))
-    tiles = cdiv(N, 64) * cdiv(K, 64)
-    waves = 2 * num_sms(device)
-    return max(1, min(waves // tiles, M // _MIN_SPLIT_ROWS))
+def _strides(t: torch.Tensor) -> tuple[int, int]:
+    """The row and column strides of a [rows, cols] output (0, 0 for an empty stand-in the kernel never writes)."""
+    return tuple(t.stride()) if t.dim() == 2 else (0, 0)
+
+
+def _dx_part_shape(M: int, K: int, G: int, stride_gw: int) -> tuple[int, ...]:
+    """The dx kernel's grid-weight gradient shares, enough for every candidate tile (zeros where the chosen one
+    writes none): [row blocks, K, G] per channel; for one shared row [G, programs], so that the sum over the programs
+    runs along contiguous rows (summed along a narrow tensor's first axis it took 0.02 ms on an H200)."""
+    tiles = (
+        [(_INTERP_META["BLOCK_M"], _INTERP_META["BLOCK_K"])] if INTERPRET else [(t[0], t[2]) for t in TILES["kan_dx"]]
+    )
+    if stride_gw:
+        return cdiv(M, min(m for m, _ in tiles)), K, G
+    return G, max(cdiv(M, m) * cdiv(K, k) for m, k in tiles)
 
 
 def _empty_weight_grad(weight: torch.Tensor, M: int) -> torch.Tensor:

@@ -75,7 +75,8 @@ def test_fused_matches_fp64(form: str, G: int, dtype: torch.dtype) -> None:
 
 @pytest.mark.parametrize("form", ["shared", "edge"])
 def test_fused_memory_never_holds_the_basis(form: str) -> None:
-    """Peak extra memory of forward+backward: y, dx, dW and small partials, never [M, K] psi or [M, K*G] Phi."""
+    """Peak extra memory of forward+backward: y, dx, dW and small partials, never a basis [M, K, G] or [M, K*G]; the
+    shared form's backward also holds psi [M, K] in W's dtype while cuBLAS forms dW from it (it is not saved)."""
     x, gw, W, dy = _operands(form, 8, torch.bfloat16, seed=1, shape=(16411, 507, 509))
     _run(form, x, gw, W, dy, "fused")  # compile and autotune (keyed on the rows too) outside the window
     xt, gwt, Wt = (t.clone().requires_grad_() for t in (x, gw, W))
@@ -92,7 +93,8 @@ def test_fused_memory_never_holds_the_basis(form: str) -> None:
     torch.cuda.synchronize()
     extra = torch.cuda.max_memory_allocated() - base
     w_copies = 2 * W.nbytes  # dW, and the edge form's [N, G, K] view of W
-    assert extra <= y.nbytes + x.nbytes + w_copies + (8 << 20), extra / x.nbytes
+    psi = 0 if form == "edge" else x.numel() * W.element_size()
+    assert extra <= y.nbytes + x.nbytes + psi + w_copies + (8 << 20), extra / x.nbytes
 
 
 def test_grid_weight_grad_is_deterministic() -> None:
