@@ -5,12 +5,13 @@
 Both layer shapes of a block's MLP (fc1: dim -> hidden, fc2: hidden -> dim), bf16, one forward+backward
 into x and every weight. Shared basis (G = --shared-grid): the fused kernels, the elementwise Triton
 kernel + cuBLAS, the torch path and what backend "auto" picks, against nn.Linear + GELU of the same
-shape; and, each under torch.compile, the "traced" path against nn.Linear + GELU. Edge basis
-(G = --edge-grid): the fused kernels and FastKAN's torch computation (basis
+shape; and, each under torch.compile, the "traced" path and the fused kernels (as custom ops) against
+nn.Linear + GELU. Edge basis (G = --edge-grid): the fused kernels and FastKAN's torch computation (basis
 materialised, then the matmul), against one cuBLAS GEMM with K = in*G on a ready [tokens, in*G] input.
 Each row: median time (called from Python, the host's dispatch included), the GPU's own time (the summed
-durations of the kernels of one forward+backward under torch.profiler: what a model trained under CUDA graphs
-pays), peak extra memory, and the largest tensor saved for backward other than the weights, next to x's size.
+durations of the kernels of one forward+backward under torch.profiler, gradients starting empty as in a
+training step: what a model trained under CUDA graphs pays), peak extra memory, and the largest tensor saved
+for backward other than the weights, next to x's size.
 Writes JSON (--out) and prints markdown tables.
 """
 
@@ -65,6 +66,8 @@ def measure(name: str, fn: Callable[[], torch.Tensor], leaves: list[torch.Tensor
 
     step()  # compile, autotune and let backend auto measure first
     ms = do_bench(step, grad_to_none=leaves, **TIMING)
+    for t in leaves:  # a training step's gradients start empty: no accumulation kernels in the profile
+        t.grad = None
     kernels = profile_step(step, "cuda")
     for t in leaves:
         t.grad = None
@@ -100,9 +103,14 @@ def bench_shared(tokens: int, K: int, N: int, G: int) -> list[dict]:
     ]
     rows[-1]["chose"] = [v for k, v in kan_dispatch.cached_choices().items() if k[:4] == ("kan", tokens, K, N)]
     rows.append(measure("linear+gelu", lambda: F.gelu(F.linear(x, lin_w, lin_b)), [x, lin_w, lin_b], [lin_w, lin_b]))
-    compiled_kan = torch.compile(lambda: kan_linear(x, gw, W, *GRID, backend=TRACED), fullgraph=True)
-    compiled_mlp = torch.compile(lambda: F.gelu(F.linear(x, lin_w, lin_b)), fullgraph=True)
+    # static shapes, as in a compiled model: this function's second layer shape would otherwise be compiled for
+    # dynamic shapes (inductor then wrote the traced fc2 backward as a looped reduction, 0.093 against 0.049 ms)
+    compile_static = lambda fn: torch.compile(fn, fullgraph=True, dynamic=False)  # noqa: E731
+    compiled_kan = compile_static(lambda: kan_linear(x, gw, W, *GRID, backend=TRACED))
+    compiled_fused = compile_static(lambda: kan_linear(x, gw, W, *GRID, backend="fused"))
+    compiled_mlp = compile_static(lambda: F.gelu(F.linear(x, lin_w, lin_b)))
     rows.append(measure("traced, compiled", compiled_kan, [x, gw, W], [gw, W]))
+    rows.append(measure("fused, compiled", compiled_fused, [x, gw, W], [gw, W]))
     rows.append(measure("linear+gelu, compiled", compiled_mlp, [x, lin_w, lin_b], [lin_w, lin_b]))
     return [{"basis": "shared", "G": G, "K": K, "N": N, "x_MiB": x.nbytes / MiB, **r} for r in rows]
 
@@ -128,6 +136,10 @@ def ratios(rows: list[dict]) -> dict[str, float]:
         "shared traced / linear+gelu, both compiled, kernel time": (
             gpu["shared", "traced, compiled"] / gpu["shared", "linear+gelu, compiled"]
         ),
+        "shared fused / linear+gelu, both compiled, kernel time": (
+            gpu["shared", "fused, compiled"] / gpu["shared", "linear+gelu, compiled"]
+        ),
+        "shared fused / linear+gelu, kernel time": gpu["shared", "fused"] / gpu["shared", "linear+gelu"],
         "shared auto / linear+gelu, kernel time": gpu["shared", "auto"] / gpu["shared", "linear+gelu"],
         "shared fused / linear+gelu": t["shared", "fused"] / t["shared", "linear+gelu"],
         "shared auto / linear+gelu": t["shared", "auto"] / t["shared", "linear+gelu"],
