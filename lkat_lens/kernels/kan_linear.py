@@ -7,9 +7,10 @@ Paths: "torch" (shared/channel: the elementwise op on its torch path, then a mat
 materialised, then a matmul), "triton" (shared/channel: the elementwise Triton kernel, then cuBLAS; in eager mode
 both save only x and the weights, psi being formed again by the op's backward for W's gradient),
 "fused" (the kernels of kan_triton: the basis is evaluated inside the matmul and only x is saved for
-backward), "traced" (shared/channel: the exact formula and an explicit backward as plain torch ops, no custom
-op, for torch.compile: inductor fuses the basis, its weighted sum and the cast into one elementwise kernel before
-cuBLAS, and the backward recomputes the basis from x, the only activation saved).
+backward; the backward kernel writes psi for W's gradient, a cuBLAS GEMM), "traced" (shared/channel: the exact
+formula and an explicit backward as plain torch ops, no custom op, for torch.compile: inductor fuses the basis, its
+weighted sum and the cast into one elementwise kernel before cuBLAS, and the backward recomputes the basis from x,
+the only activation saved).
 Backend "auto" measures "triton" and "fused" once per layer shape on CUDA and keeps the fastest correct
 one (kan_dispatch); elsewhere it is the torch path; while torch.compile traces it is "traced". Under CUDA
 autocast every path multiplies in the autocast dtype and returns it, as nn.Linear does.
