@@ -138,27 +138,11 @@ def _weight(gw_ptr, cols, col_ok, stride_gw, a: tl.constexpr, j: tl.constexpr, S
 
 
 @triton.jit
-def _grid_sum(u, gw_ptr, cols, col_ok, stride_gw, G: tl.constexpr, SHARED: tl.constexpr):
-    """psi = sum_g w[col, g] phi_g(u) on a [rows, cols] tile of u, in fp32."""
-    psi = tl.zeros_like(u)
-    for a in tl.static_range(0, G, _SPAN):
-        _, phi, step = _span_start(u, a)
-        for j in tl.static_range(_SPAN):
-            if a + j < G:
-                if j > 0:
-                    phi = phi * step
-                psi += _weight(gw_ptr, cols, col_ok, stride_gw, a, j, SHARED) * phi
-    return psi
-
-
-@triton.jit
-def _grid_sum_backward(
-    u, gw_ptr, cols, col_ok, stride_gw, G: tl.constexpr, SHARED: tl.constexpr, dpsi, part_ptr, stride_pg,
-):  # fmt: skip
-    """(psi, sum_g w[col, g] phi_g(u) (u - g)) on a [rows, cols] tile of u, in fp32 (the second is psi' but for the
-    factor -2/h), storing the tile's share of the grid-weight gradient, sum dpsi phi_g(u), at part_ptr + g stride_pg:
-    per column (at part_ptr + cols G + g), or SHARED (one row of grid weights for every column) over the whole
-    tile."""
+def _grid_sum(u, gw_ptr, cols, col_ok, stride_gw, G: tl.constexpr, SHARED: tl.constexpr, dpsi, part_ptr, stride_pg):
+    """(psi, slope) on a [rows, cols] tile of u, in fp32: psi = sum_g w[col, g] phi_g(u) and, given dpsi (else None,
+    and slope stays 0), slope = sum_g w[col, g] phi_g(u) (u - g) (psi' but for the factor -2/h), storing the tile's
+    share of the grid-weight gradient, sum dpsi phi_g(u), at part_ptr + g stride_pg: per column (at part_ptr + cols G
+    + g), or SHARED (one row of grid weights for every column) over the whole tile."""
     psi, slope = tl.zeros_like(u), tl.zeros_like(u)
     for a in tl.static_range(0, G, _SPAN):
         v, phi, step = _span_start(u, a)
@@ -168,13 +152,15 @@ def _grid_sum_backward(
                     phi = phi * step
                 w = _weight(gw_ptr, cols, col_ok, stride_gw, a, j, SHARED)
                 psi += w * phi
-                slope += w * phi * (v - j)
-                share = dpsi * phi
-                if SHARED:
-                    one = tl.arange(0, 1)
-                    tl.store(part_ptr + (a + j) * stride_pg + one, tl.sum(tl.sum(share, axis=1), axis=0) * _decay(j))
-                else:
-                    tl.store(part_ptr + cols * G + (a + j), tl.sum(share, axis=0) * _decay(j), mask=col_ok)
+                if dpsi is not None:
+                    slope += w * phi * (v - j)
+                    share = dpsi * phi
+                    if SHARED:
+                        one = tl.arange(0, 1)
+                        total = tl.sum(tl.sum(share, axis=1), axis=0)
+                        tl.store(part_ptr + (a + j) * stride_pg + one, total * _decay(j))
+                    else:
+                        tl.store(part_ptr + cols * G + (a + j), tl.sum(share, axis=0) * _decay(j), mask=col_ok)
     return psi, slope
 
 
@@ -192,7 +178,7 @@ def _kan_fwd_kernel(
     for k0 in range(0, K, BLOCK_K):
         cols, col_ok = _block(k0, BLOCK_K, K)
         u = _load_u(x_ptr, rows, cols, stride_xm, stride_xk, row_ok, col_ok, scale, shift)
-        psi = _grid_sum(u, gw_ptr, cols, col_ok, stride_gw, G, SHARED)
+        psi = _grid_sum(u, gw_ptr, cols, col_ok, stride_gw, G, SHARED, None, None, 0)[0]
         b = _load(w_ptr, cols, outs, stride_wk, stride_wn, col_ok, out_ok)
         acc = _mma(psi.to(b.dtype), b, acc, DOT)
     _store(y_ptr, acc, rows.to(tl.int64), outs, stride_ym, stride_yn, row_ok, out_ok)
@@ -220,10 +206,10 @@ def _kan_bwd_dx_kernel(
             part_tile = part_ptr + tl.program_id(0)
         else:
             part_tile = part_ptr + pid_m.to(tl.int64) * K * G
-        psi, slope = _grid_sum_backward(u, gw_ptr, cols, col_ok, stride_gw, G, SHARED, dpsi, part_tile, stride_pg)
+        psi, slope = _grid_sum(u, gw_ptr, cols, col_ok, stride_gw, G, SHARED, dpsi, part_tile, stride_pg)
         _store(dx_ptr, dpsi * slope * dx_scale, rows.to(tl.int64), cols, stride_dxm, stride_dxk, row_ok, col_ok)
     else:
-        psi = _grid_sum(u, gw_ptr, cols, col_ok, stride_gw, G, SHARED)
+        psi = _grid_sum(u, gw_ptr, cols, col_ok, stride_gw, G, SHARED, None, None, 0)[0]
     if PSI:
         _store(psi_ptr, psi, rows.to(tl.int64), cols, stride_pm, stride_pk, row_ok, col_ok)
 
