@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# Kernel checks and figures on the GPU machine: the RBF and fused-KAN CUDA tests, then bench_rbf.py and
-# bench_kan_layer.py, each under `timeout`; logs and JSON under $OUT. About 8 minutes on an H100.
+# Kernel checks and figures on the GPU machine: the RBF and fused-KAN CUDA tests, then bench_rbf.py,
+# bench_kan_layer.py and the fused KAN kernels' tile sweep at LKAT-T's fc2, each under `timeout`; logs and JSON under
+# $OUT. About 10 minutes on an H100.
 #   bash benchmarks/gpu_kernels.sh
 # Carry .whl and .gpucache (see gpu_setup.sh).
 set -u
@@ -18,3 +19,4 @@ run test_kan_gemm_gpu 180 python3 -m pytest -q -m gpu -p no:cacheprovider tests/
 cd benchmarks || exit 1
 run bench_rbf 120 python3 bench_rbf.py --out "$OUT/bench_rbf.json"
 run bench_kan_layer 90 python3 bench_kan_layer.py --out "$OUT/bench_kan_layer.json"
+run sweep_kan_tiles 150 python3 sweep_kan_tiles.py --layers fc2 --out "$OUT/sweep_kan_tiles.json"
