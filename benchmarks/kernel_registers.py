@@ -32,7 +32,7 @@ from triton.compiler import ASTSource, make_backend
 from triton.runtime.autotuner import Autotuner
 from triton.runtime.jit import JITFunction, create_function_from_signature
 
-from lkat_lens.kernels import chunk_states, gated_norm, gla_input, gla_short
+from lkat_lens.kernels import chunk_states, gated_norm, gla_input, gla_short, kan_triton
 
 PTXAS = Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "ptxas"
 USAGE = {
@@ -99,7 +99,7 @@ def config_label(config: triton.Config | None, kwargs: dict) -> dict:
 
 def measure(name: str, launcher: Callable[[], object], arch: int) -> list[dict]:
     """One row per (kernel launched by `launcher`, autotuning configuration): its registers and spills."""
-    if gla_short.INTERPRET or gla_input.INTERPRET or chunk_states.INTERPRET:
+    if gla_short.INTERPRET or gla_input.INTERPRET or chunk_states.INTERPRET or kan_triton.INTERPRET:
         raise RuntimeError("TRITON_INTERPRET=1 runs the kernels on the CPU instead of compiling them: unset it")
     with caught_launches() as launches:
         launcher()
@@ -178,13 +178,38 @@ def lkat_segments(T: int = 4097, batch: int = 6, heads: int = 6, head_dim: int =
     }
 
 
+def kan_layers(tokens: int = 16 * 201, dim: int = 192, hidden: int = 768, G: int = 4) -> dict[str, Callable]:
+    """The launchers of the fused shared-basis KAN kernels (kernels.kan_triton) at LKAT-T's fc1 (dim -> hidden) and
+    fc2 (hidden -> dim) on CPU tensors, bf16 (16 images: a row count divisible by 16, as a batch of 128's is); the
+    kernels' CUDA-only check is lifted while they are caught."""
+    cases = {}
+    for layer, (K, N) in (("fc1", (dim, hidden)), ("fc2", (hidden, dim))):
+        x, W = torch.randn(tokens, K, dtype=torch.bfloat16), torch.randn(N, K, dtype=torch.bfloat16)
+        gw, dy = torch.randn(1, G), torch.randn(tokens, N, dtype=torch.bfloat16)
+
+        def on_cpu(launch: Callable[[], object]) -> Callable[[], object]:
+            return lambda: _with_cpu_tensors(launch)
+
+        cases[f"kan {layer} forward"] = on_cpu(lambda x=x, gw=gw, W=W: kan_triton.kan_fwd(x, gw, W, -2.0, 2.0))
+        cases[f"kan {layer} backward"] = on_cpu(
+            lambda x=x, gw=gw, W=W, dy=dy: kan_triton.kan_bwd(x, gw, W, dy, -2.0, 2.0)
+        )
+    return cases
+
+
+def _with_cpu_tensors(launch: Callable[[], object]) -> object:
+    """launch() with kan_triton's CUDA-only check lifted (its launches are caught, never run)."""
+    with mock.patch.object(kan_triton, "_require_device", lambda x2d: None):
+        return launch()
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--arch", type=int, default=90, help="CUDA compute capability x 10 (90: H100, H200)")
     parser.add_argument("--cases", nargs="*", default=None, help="a subset of the cases (default: all)")
     parser.add_argument("--out", type=Path, default=None)
     args = parser.parse_args()
-    cases = lkat_layer() | lkat_high_resolution() | lkat_segments()
+    cases = lkat_layer() | lkat_high_resolution() | lkat_segments() | kan_layers()
     env = environment() | {"arch": f"sm_{args.arch}", "ptxas": str(PTXAS.name)}
     rows = []
     for name in args.cases or list(cases):
