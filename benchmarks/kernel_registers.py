@@ -178,23 +178,30 @@ def lkat_segments(T: int = 4097, batch: int = 6, heads: int = 6, head_dim: int =
     }
 
 
-def kan_layers(tokens: int = 16 * 201, dim: int = 192, hidden: int = 768, G: int = 4) -> dict[str, Callable]:
-    """The launchers of the fused shared-basis KAN kernels (kernels.kan_triton) at LKAT-T's fc1 (dim -> hidden) and
-    fc2 (hidden -> dim) on CPU tensors, bf16 (16 images: a row count divisible by 16, as a batch of 128's is); the
-    kernels' CUDA-only check is lifted while they are caught."""
+def kan_layers(
+    tokens: int = 16 * 201, dim: int = 192, hidden: int = 768, G: int = 4, edge_grid: int = 8
+) -> dict[str, Callable]:
+    """The launchers of the fused KAN kernels (kernels.kan_triton) on CPU tensors, bf16: the shared basis at LKAT-T's
+    fc1 (dim -> hidden) and fc2 (hidden -> dim), the edge basis (FastKAN's G = 8) at fc2; 16 images, a row count
+    divisible by 16 as a batch of 128's is. The kernels' CUDA-only check is lifted while they are caught."""
     cases = {}
     for layer, (K, N) in (("fc1", (dim, hidden)), ("fc2", (hidden, dim))):
         x, W = torch.randn(tokens, K, dtype=torch.bfloat16), torch.randn(N, K, dtype=torch.bfloat16)
         gw, dy = torch.randn(1, G), torch.randn(tokens, N, dtype=torch.bfloat16)
-
-        def on_cpu(launch: Callable[[], object]) -> Callable[[], object]:
-            return lambda: _with_cpu_tensors(launch)
-
-        cases[f"kan {layer} forward"] = on_cpu(lambda x=x, gw=gw, W=W: kan_triton.kan_fwd(x, gw, W, -2.0, 2.0))
-        cases[f"kan {layer} backward"] = on_cpu(
+        cases[f"kan {layer} forward"] = _on_cpu(lambda x=x, gw=gw, W=W: kan_triton.kan_fwd(x, gw, W, -2.0, 2.0))
+        cases[f"kan {layer} backward"] = _on_cpu(
             lambda x=x, gw=gw, W=W, dy=dy: kan_triton.kan_bwd(x, gw, W, dy, -2.0, 2.0)
         )
+    x, dy = torch.randn(tokens, hidden, dtype=torch.bfloat16), torch.randn(tokens, dim, dtype=torch.bfloat16)
+    We = torch.randn(dim, hidden * edge_grid, dtype=torch.bfloat16)
+    cases["kan edge fc2 forward"] = _on_cpu(lambda: kan_triton.edge_fwd(x, We, -2.0, 2.0, edge_grid))
+    cases["kan edge fc2 backward"] = _on_cpu(lambda: kan_triton.edge_bwd(x, We, dy, -2.0, 2.0, edge_grid))
     return cases
+
+
+def _on_cpu(launch: Callable[[], object]) -> Callable[[], object]:
+    """launch as a case: run with kan_triton's CUDA-only check lifted (its launches are caught, never run)."""
+    return lambda: _with_cpu_tensors(launch)
 
 
 def _with_cpu_tensors(launch: Callable[[], object]) -> object:

@@ -3,10 +3,12 @@ reports for an H100 / H200 (sm_90) without a GPU."""
 
 from __future__ import annotations
 
+import collections
+
 import pytest
 from benchmark_script import imported
 
-from lkat_lens.kernels import chunk_states, gated_norm, gla_short
+from lkat_lens.kernels import chunk_states, gated_norm, gla_short, kan_triton
 
 
 @pytest.fixture(scope="module")
@@ -59,3 +61,24 @@ def test_chunk_state_kernels_fit_their_registers(tool) -> None:
         rows = tool.measure(case, launcher, arch=90)
         assert len(rows) == len(configs["scan" if "scan" in case else "own"]), rows
         assert all(row["spill_store_bytes"] == 0 and row["regs"] <= 255 for row in rows), rows
+
+
+def test_fused_kan_kernels_compile_for_sm90_without_spilling(tool) -> None:
+    """Every configuration the fused KAN kernels' autotuners try (the shared basis both ways at LKAT-T's fc2, the edge
+    basis both ways) compiles for sm_90 within 255 registers and without spilling. The interpreter runs code that
+    Triton's compiler refuses (a loop-carried name that changed type once broke the edge kernels on the GPU alone), so
+    they are compiled here too."""
+    cases = tool.kan_layers(tokens=32)
+    expected = {
+        "kan fc2 forward": {"_kan_fwd_kernel": len(kan_triton.TILES["kan_fwd"])},
+        "kan fc2 backward": {"_kan_bwd_dx_kernel": len(kan_triton.TILES["kan_dx"])},
+        "kan edge fc2 forward": {"_edge_fwd_kernel": len(kan_triton.TILES["edge_fwd"])},
+        "kan edge fc2 backward": {
+            "_edge_bwd_dx_kernel": len(kan_triton.TILES["edge_dx"]),
+            "_edge_bwd_dw_kernel": len(kan_triton.TILES["edge_dw"]),
+        },
+    }
+    for case, kernels in expected.items():
+        rows = tool.measure(case, cases[case], arch=90)
+        assert collections.Counter(row["kernel"] for row in rows) == kernels, rows
+        assert all(row["spill_store_bytes"] == 0 and 0 < row["regs"] <= 255 for row in rows), rows
