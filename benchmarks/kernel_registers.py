@@ -32,7 +32,7 @@ from triton.compiler import ASTSource, make_backend
 from triton.runtime.autotuner import Autotuner
 from triton.runtime.jit import JITFunction, create_function_from_signature
 
-from lkat_lens.kernels import chunk_states, gated_norm, gla_input, gla_short, kan_triton
+from lkat_lens.kernels import chunk_states, gated_norm, gla_gate, gla_input, gla_short, kan_triton, rbf_triton
 
 PTXAS = Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "ptxas"
 USAGE = {
@@ -99,7 +99,7 @@ def config_label(config: triton.Config | None, kwargs: dict) -> dict:
 
 def measure(name: str, launcher: Callable[[], object], arch: int) -> list[dict]:
     """One row per (kernel launched by `launcher`, autotuning configuration): its registers and spills."""
-    if gla_short.INTERPRET or gla_input.INTERPRET or chunk_states.INTERPRET or kan_triton.INTERPRET:
+    if any(m.INTERPRET for m in (gla_short, gla_input, chunk_states, kan_triton, rbf_triton, gla_gate)):
         raise RuntimeError("TRITON_INTERPRET=1 runs the kernels on the CPU instead of compiling them: unset it")
     with caught_launches() as launches:
         launcher()
@@ -204,9 +204,31 @@ def _on_cpu(launch: Callable[[], object]) -> Callable[[], object]:
     return lambda: _with_cpu_tensors(launch)
 
 
+def lkat_mlp_and_gate(tokens: int = 16 * 201, dim: int = 192, hidden: int = 768, rank: int = 16) -> dict[str, Callable]:
+    """The launchers of the kernels `auto` takes on CUDA for an LKAT-T layer's KAN layers and forget gate, on CPU
+    tensors: the RBF op of the shared basis (the "triton" path) forward and backward, at fc2's input, and the GLA gate
+    forward and backward (its low-rank code of `rank`, heads of 64 keys). The RBF op's CUDA-only check is lifted and
+    the device's SM count given as an H100's while they are caught."""
+    x, dy = torch.randn(tokens * hidden, 1, dtype=torch.bfloat16), torch.randn(tokens * hidden, 1, dtype=torch.bfloat16)
+    w = torch.randn(1, 4)
+    code, weight, bias = torch.randn(tokens, rank, dtype=torch.bfloat16), torch.randn(dim, rank), torch.randn(dim)
+    dgk = torch.randn(tokens, dim)
+    return {
+        "rbf forward": _on_cpu(lambda: rbf_triton.rbf_grid_linear_fwd(x, w, -2.0, 2.0, torch.bfloat16)),
+        "rbf backward": _on_cpu(lambda: rbf_triton.rbf_grid_linear_bwd(x, w, dy, -2.0, 2.0, torch.bfloat16)),
+        "gla_gate forward": lambda: gla_gate.gla_gate_fwd(code, weight, bias, 16.0),
+        "gla_gate backward": lambda: gla_gate.gla_gate_bwd(code, weight, bias, dgk, 16.0),
+    }
+
+
 def _with_cpu_tensors(launch: Callable[[], object]) -> object:
-    """launch() with kan_triton's CUDA-only check lifted (its launches are caught, never run)."""
-    with mock.patch.object(kan_triton, "_require_device", lambda x2d: None):
+    """launch() with the KAN and RBF kernels' CUDA-only checks lifted and an H100's SM count (the launches are
+    caught, never run)."""
+    with (
+        mock.patch.object(kan_triton, "_require_device", lambda x2d: None),
+        mock.patch.object(rbf_triton, "_require_device", lambda x2d: None),
+        mock.patch.object(rbf_triton, "num_sms", lambda device: 132),
+    ):
         return launch()
 
 
@@ -216,7 +238,7 @@ def main() -> None:
     parser.add_argument("--cases", nargs="*", default=None, help="a subset of the cases (default: all)")
     parser.add_argument("--out", type=Path, default=None)
     args = parser.parse_args()
-    cases = lkat_layer() | lkat_high_resolution() | lkat_segments() | kan_layers()
+    cases = lkat_layer() | lkat_high_resolution() | lkat_segments() | kan_layers() | lkat_mlp_and_gate()
     env = environment() | {"arch": f"sm_{args.arch}", "ptxas": str(PTXAS.name)}
     rows = []
     for name in args.cases or list(cases):
