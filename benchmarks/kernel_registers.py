@@ -199,11 +199,6 @@ def kan_layers(
     return cases
 
 
-def _on_cpu(launch: Callable[[], object]) -> Callable[[], object]:
-    """launch as a case: run with kan_triton's CUDA-only check lifted (its launches are caught, never run)."""
-    return lambda: _with_cpu_tensors(launch)
-
-
 def lkat_mlp_and_gate(tokens: int = 16 * 201, dim: int = 192, hidden: int = 768, rank: int = 16) -> dict[str, Callable]:
     """The launchers of the kernels `auto` takes on CUDA for an LKAT-T layer's KAN layers and forget gate, on CPU
     tensors: the RBF op of the shared basis (the "triton" path) forward and backward, at fc2's input, and the GLA gate
@@ -221,15 +216,19 @@ def lkat_mlp_and_gate(tokens: int = 16 * 201, dim: int = 192, hidden: int = 768,
     }
 
 
-def _with_cpu_tensors(launch: Callable[[], object]) -> object:
-    """launch() with the KAN and RBF kernels' CUDA-only checks lifted and an H100's SM count (the launches are
-    caught, never run)."""
-    with (
-        mock.patch.object(kan_triton, "_require_device", lambda x2d: None),
-        mock.patch.object(rbf_triton, "_require_device", lambda x2d: None),
-        mock.patch.object(rbf_triton, "num_sms", lambda device: 132),
-    ):
-        return launch()
+def _on_cpu(launch: Callable[[], object]) -> Callable[[], object]:
+    """launch as a case: run with the KAN and RBF kernels' CUDA-only checks lifted and an H100's SM count (its
+    launches are caught, never run)."""
+
+    def case() -> object:
+        with (
+            mock.patch.object(kan_triton, "_require_device", lambda x2d: None),
+            mock.patch.object(rbf_triton, "_require_device", lambda x2d: None),
+            mock.patch.object(rbf_triton, "num_sms", lambda device: 132),
+        ):
+            return launch()
+
+    return case
 
 
 def main() -> None:
