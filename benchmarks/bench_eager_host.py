@@ -15,7 +15,11 @@ thread ("device", torch's default) and on the calling thread ("caller", torch.au
 as alternating processes (put the other tree's export first on PYTHONPATH: `git archive REV lkat_lens | tar -x -C
 DIR`; each row names the lkat_lens it imported).
 "ratio": ViT's and LKAT's eager training steps of a size interleaved in one process, --rounds blocks of --iters
-synchronised steps each, LKAT's speed against ViT's by their fastest steps and by the medians of their block medians.
+synchronised steps each, LKAT's speed against ViT's by their fastest steps and by the medians of their block medians;
+then their eager inference steps the same way.
+"kan_paths": the "ratio" timing with three LKATs of each size, their KAN layers on "auto", "fused" and "triton".
+"phases": the "ratio" timing of the training steps, each step's host time split at the return of its forward (with the
+loss), backward, optimizer step and zeroing of the gradients; the rest is the wait for the GPU.
 The lent GPU machines' host runs an eager step's Python at a speed that moves by up to 2x between processes and within
 one (ViT-T's block medians 19-39 ms, LKAT-T's 36-87 ms; the main thread's CPU time equals the wall time, so the step
 computes rather than waits, H100 machine 2026-11-28): the fastest step is the estimate least moved by it.
@@ -27,9 +31,11 @@ from __future__ import annotations
 
 import argparse
 import functools
+import itertools
 import statistics
 import time
 from collections.abc import Callable
+from dataclasses import replace
 from pathlib import Path
 
 import torch
@@ -53,6 +59,10 @@ EAGER = {(module, caller): getattr(module, caller) for module, caller, _ in CALL
 PATHS = ("library", "eager")
 THREADS = ("device", "caller")
 LAUNCHES = ("direct", "jit")
+# an eager training step's phases, timed on the host: the forward with the loss, the backward, the optimizer's step,
+# zeroing the gradients, and the wait for the GPU to finish (the synchronised step's rest)
+PHASES = ("forward", "backward", "optimizer", "zero_grad", "wait")
+KAN_PATHS = ("auto", "fused", "triton")  # the KAN layers' paths "kan_paths" forces (set_backends(kan=...))
 
 
 def use(path: str) -> None:
@@ -103,8 +113,9 @@ def op_cases() -> dict[str, Callable[[], None]]:
     }
 
 
-def training_step(config: Config, batch: int) -> Callable[[], None]:
-    """One eager training step of a fresh model (bench_model's build: 1000 classes, 224²) on synthetic data."""
+def training_step(config: Config, batch: int, stamps: list | None = None) -> Callable[[], None]:
+    """One eager training step of a fresh model (bench_model's build: 1000 classes, 224²) on synthetic data; with
+    `stamps`, each step appends its host times (perf_counter) at its start and after each phase (PHASES[:-1])."""
     torch.manual_seed(0)
     model = build(config, 224).train()
     opt = torch.optim.AdamW(model.parameters(), lr=1e-4, fused=True)
@@ -112,11 +123,17 @@ def training_step(config: Config, batch: int) -> Callable[[], None]:
     y = torch.randint(0, 1000, (batch,), device="cuda")
 
     def step():
+        start = time.perf_counter()
         with torch.autocast("cuda", dtype=torch.bfloat16):
             loss = F.cross_entropy(model(x), y)
+        forward = time.perf_counter()
         loss.backward()
+        backward = time.perf_counter()
         opt.step()
+        optimizer = time.perf_counter()
         opt.zero_grad(set_to_none=True)
+        if stamps is not None:
+            stamps.append((start, forward, backward, optimizer, time.perf_counter()))
 
     return step
 
@@ -218,35 +235,86 @@ def compare_steps(args: argparse.Namespace) -> list[dict]:
 
 
 def compare_ratio(args: argparse.Namespace) -> list[dict]:
-    """Rows of the "ratio" comparison: each size's ViT and LKAT eager training steps, interleaved."""
+    """Rows of the "ratio" comparison: each size's ViT and LKAT eager training steps, interleaved; then their eager
+    inference steps, the same way."""
+    return interleaved_rows(args, lambda size: [lkat(size, "auto")])
+
+
+def compare_kan_paths(args: argparse.Namespace) -> list[dict]:
+    """Rows of the "kan_paths" comparison: as "ratio", with LKAT's KAN layers on each of KAN_PATHS."""
+    return interleaved_rows(args, lambda size: [replace(lkat(size, "auto"), kan=path) for path in KAN_PATHS])
+
+
+def interleaved_rows(args: argparse.Namespace, lkats: Callable[[str], list[Config]]) -> list[dict]:
+    """For each size, ViT's and `lkats(size)`'s eager training steps interleaved, then their inference steps."""
     rows = []
     for size in args.sizes:
-        steps = {config.label: training_step(config, args.batch) for config in (vit(size), lkat(size, "auto"))}
-        for step in steps.values():
-            for _ in range(args.warmup):
+        configs = [vit(size), *lkats(size)]
+        for what, make in (("training", training_step), ("inference", inference_step)):
+            steps = {_label(config): make(config, args.batch) for config in configs}
+            against = " / ".join(list(steps)[1:])
+            rows.append(interleaved(steps, args) | {"what": f"{against} against {configs[0].label}, eager {what} step",
+                                                    "phase": what})  # fmt: skip
+            del steps
+            torch.cuda.empty_cache()
+    return rows
+
+
+def _label(config: Config) -> str:
+    """A config's row label, with its KAN path when one is forced."""
+    return config.label + (f", KAN {config.kan}" if config.kan else "")
+
+
+def interleaved(steps: dict[str, Callable[[], None]], args: argparse.Namespace) -> dict:
+    """ViT's step (the first) and LKAT's steps, --rounds blocks of --iters synchronised steps each, alternating after
+    --warmup steps of each: their times, block medians, fastest steps and each LKAT's speed against ViT's by both."""
+    for step in steps.values():
+        for _ in range(args.warmup):
+            step()
+    times: dict[str, list[float]] = {name: [] for name in steps}
+    blocks: dict[str, list[float]] = {name: [] for name in steps}
+    for _ in range(args.rounds):
+        for name, step in steps.items():
+            block = []
+            for _ in range(args.iters):
+                torch.cuda.synchronize()
+                start = time.perf_counter()
                 step()
-        times: dict[str, list[float]] = {name: [] for name in steps}
-        blocks: dict[str, list[float]] = {name: [] for name in steps}
-        for _ in range(args.rounds):
-            for name, step in steps.items():
-                block = []
-                for _ in range(args.iters):
-                    torch.cuda.synchronize()
-                    start = time.perf_counter()
-                    step()
-                    torch.cuda.synchronize()
-                    block.append((time.perf_counter() - start) * 1e3)
-                times[name] += block
-                blocks[name].append(statistics.median(block))
-        vit_label, lkat_label = steps
-        fastest = {name: min(t) for name, t in times.items()}
-        typical = {name: statistics.median(b) for name, b in blocks.items()}
-        rows.append({
-            "what": f"{lkat_label} against {vit_label}, eager training step", "times": times, "block_medians": blocks,
-            "fastest_ms": fastest, "block_median_ms": typical, "lkat_lens": lkat_lens.__file__,
-            "fastest_x_vit": fastest[vit_label] / fastest[lkat_label],
-            "block_median_x_vit": typical[vit_label] / typical[lkat_label],
-        })  # fmt: skip
+                torch.cuda.synchronize()
+                block.append((time.perf_counter() - start) * 1e3)
+            times[name] += block
+            blocks[name].append(statistics.median(block))
+    vit_label, *lkat_labels = steps
+    fastest = {name: min(t) for name, t in times.items()}
+    typical = {name: statistics.median(b) for name, b in blocks.items()}
+    return {
+        "times": times, "block_medians": blocks, "fastest_ms": fastest, "block_median_ms": typical,
+        "lkat_lens": lkat_lens.__file__,
+        "fastest_x_vit": {name: fastest[vit_label] / fastest[name] for name in lkat_labels},
+        "block_median_x_vit": {name: typical[vit_label] / typical[name] for name in lkat_labels},
+    }  # fmt: skip
+
+
+def compare_phases(args: argparse.Namespace) -> list[dict]:
+    """Rows of the "phases" timing: each size's ViT and LKAT eager training steps, interleaved as "ratio" runs them,
+    with the host time of each phase (PHASES) by its median over the steps."""
+    rows = []
+    for size in args.sizes:
+        configs = (vit(size), lkat(size, "auto"))
+        stamps: dict[str, list] = {config.label: [] for config in configs}
+        steps = {config.label: training_step(config, args.batch, stamps[config.label]) for config in configs}
+        result = interleaved(steps, args)
+        phases = {}
+        for (name, step_stamps), step_times in zip(stamps.items(), result["times"].values(), strict=True):
+            timed = step_stamps[-len(step_times) :]  # the warm-up's stamps came first
+            spans = [[(b - a) * 1e3 for a, b in itertools.pairwise(s)] for s in timed]
+            spans = [[*s, total - sum(s)] for s, total in zip(spans, step_times, strict=True)]
+            columns = zip(*spans, strict=True)
+            phases[name] = {p: statistics.median(column) for p, column in zip(PHASES, columns, strict=True)}
+        rows.append(result | {"what": f"{configs[1].label} against {configs[0].label}, eager training step by phase",
+                              "phase_ms": phases})  # fmt: skip
+        del steps
+        torch.cuda.empty_cache()
     return rows
 
 
@@ -257,6 +325,8 @@ def main() -> None:
         "launches": (compare_launches, LAUNCHES),
         "steps": (compare_steps, ("as is",)),
         "ratio": (compare_ratio, ()),
+        "kan_paths": (compare_kan_paths, ()),
+        "phases": (compare_phases, PHASES),
     }
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--sizes", nargs="+", default=["tiny", "small"], choices=["tiny", "small", "base"])
@@ -279,11 +349,16 @@ def main() -> None:
     write_result(args.out or dated_result_path("bench_eager_host", env), rows)
     for name in args.compare:
         variants = comparisons[name][1]
-        if name == "ratio":
+        if name in ("ratio", "kan_paths", "phases"):
             for r in (r for r in rows if r["comparison"] == name):
-                print(f"\n{r['what']}: {r['fastest_x_vit']:.3f}x by the fastest steps "
-                      f"({', '.join(f'{k} {v:.1f} ms' for k, v in r['fastest_ms'].items())}), "
-                      f"{r['block_median_x_vit']:.3f}x by the block medians; {r['gpu']}, {r['lkat_lens']}")  # fmt: skip
+                print(f"\n{r['what']} ({r['gpu']}, {r['lkat_lens']}):")
+                for model, ratio in r["fastest_x_vit"].items():
+                    print(f"  {model}: {ratio:.3f}x by the fastest steps ({r['fastest_ms'][model]:.1f} ms), "
+                          f"{r['block_median_x_vit'][model]:.3f}x by the block medians")  # fmt: skip
+                print(f"  ViT's fastest step {next(iter(r['fastest_ms'].values())):.1f} ms")
+                for model, phases in r.get("phase_ms", {}).items():
+                    print(f"  {model}, host ms by phase (medians): "
+                          + ", ".join(f"{p} {ms:.2f}" for p, ms in phases.items()))  # fmt: skip
             continue
         print(f"\n| {name}: what | " + " | ".join(f"{v} (median; all rounds)" for v in variants) + " | GPU |")
         print("|---|" + "---|" * (len(variants) + 1))
