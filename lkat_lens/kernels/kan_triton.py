@@ -26,6 +26,7 @@ import torch
 import triton
 import triton.language as tl
 
+from . import rbf_triton
 from .host_math import cdiv
 from .rbf import check_grid
 from .rbf_triton import INTERPRET
@@ -356,15 +357,9 @@ def _grid_constants(grid_min: float, grid_max: float, num_grids: int) -> tuple[f
     return 1.0 / h, -grid_min / h, -2.0 / h
 
 
-def _require_device(x2d: torch.Tensor) -> None:
-    """Refuse tensors the kernels cannot run on: they need CUDA (or the interpreter)."""
-    if not (x2d.is_cuda or INTERPRET):
-        raise RuntimeError("the fused KAN kernels need CUDA tensors (or TRITON_INTERPRET=1 before importing triton)")
-
-
 def _shapes(x2d: torch.Tensor, weight: torch.Tensor, per_channel: int) -> tuple[int, int, int]:
     """(M, K, N) of x [M, K] and W [N, K * per_channel] on a CUDA device (or under the interpreter)."""
-    _require_device(x2d)
+    rbf_triton.require_device(x2d, "the fused KAN kernels")
     if x2d.dim() != 2 or weight.dim() != 2 or weight.shape[1] != x2d.shape[1] * per_channel:
         got = f"{tuple(x2d.shape)}, {tuple(weight.shape)}"
         raise ValueError(f"expected x [M, K] and weight [N, K * {per_channel}], got {got}")

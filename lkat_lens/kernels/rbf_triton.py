@@ -169,15 +169,15 @@ def _interp_tile(D: int) -> tuple[int, int]:
     return max(1, _INTERP_TILE // block_d), block_d
 
 
-def _require_device(x2d: torch.Tensor) -> None:
-    """Refuse tensors the kernels cannot run on: they need CUDA (or the interpreter)."""
+def require_device(x2d: torch.Tensor, kernels: str = "the Triton RBF kernels") -> None:
+    """Refuse tensors `kernels` (this module's, or kan_triton's) cannot run on: they need CUDA (or the interpreter)."""
     if not (x2d.is_cuda or INTERPRET):
-        raise RuntimeError("the Triton RBF kernels need CUDA tensors (or TRITON_INTERPRET=1 before importing triton)")
+        raise RuntimeError(f"{kernels} need CUDA tensors (or TRITON_INTERPRET=1 before importing triton)")
 
 
 def _prepare(x2d: torch.Tensor, w2d: torch.Tensor, grid_min: float, grid_max: float) -> tuple:
     """Validate operands; return (float32 weight, 1/h, -grid_min/h, -2/h)."""
-    _require_device(x2d)
+    require_device(x2d)
     if x2d.dim() != 2 or not x2d.is_contiguous():
         raise ValueError("x must be a contiguous [rows, D] tensor")
     if w2d.dim() != 2 or w2d.shape[0] != x2d.shape[1] or w2d.shape[1] < 2:
