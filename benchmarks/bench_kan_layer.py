@@ -6,8 +6,11 @@ Both layer shapes of a block's MLP (fc1: dim -> hidden, fc2: hidden -> dim), bf1
 into x and every weight. Shared basis (G = --shared-grid): the fused kernels, the elementwise Triton
 kernel + cuBLAS, the torch path and what backend "auto" picks, against nn.Linear + GELU of the same
 shape; and, each under torch.compile, the "traced" path and the fused kernels (as custom ops) against
-nn.Linear + GELU. Edge basis (G = --edge-grid): the fused kernels and FastKAN's torch computation (basis
-materialised, then the matmul), against one cuBLAS GEMM with K = in*G on a ready [tokens, in*G] input.
+nn.Linear + GELU and against GELU + nn.Linear (the activation on the layer's input, where the KAN's acts: for fc2 the
+hidden width). Then the whole MLP under torch.compile: LKAT's two KAN layers (traced) against ViT's Linear + GELU +
+Linear (timm's Mlp) at the same widths. Edge basis (G = --edge-grid): the fused kernels and FastKAN's torch
+computation (basis materialised, then the matmul), against one cuBLAS GEMM with K = in*G on a ready [tokens, in*G]
+input.
 Each row: median time (called from Python, the host's dispatch included), the GPU's own time (the summed
 durations of the kernels of one forward+backward under torch.profiler, gradients starting empty as in a
 training step: what a model trained under CUDA graphs pays), peak extra memory, and the largest tensor saved
@@ -109,10 +112,34 @@ def bench_shared(tokens: int, K: int, N: int, G: int) -> list[dict]:
     compiled_kan = compile_static(lambda: kan_linear(x, gw, W, *GRID, backend=TRACED))
     compiled_fused = compile_static(lambda: kan_linear(x, gw, W, *GRID, backend="fused"))
     compiled_mlp = compile_static(lambda: F.gelu(F.linear(x, lin_w, lin_b)))
+    compiled_gelu_first = compile_static(lambda: F.linear(F.gelu(x), lin_w, lin_b))
     rows.append(measure("traced, compiled", compiled_kan, [x, gw, W], [gw, W]))
     rows.append(measure("fused, compiled", compiled_fused, [x, gw, W], [gw, W]))
     rows.append(measure("linear+gelu, compiled", compiled_mlp, [x, lin_w, lin_b], [lin_w, lin_b]))
+    rows.append(measure("gelu+linear, compiled", compiled_gelu_first, [x, lin_w, lin_b], [lin_w, lin_b]))
     return [{"basis": "shared", "G": G, "K": K, "N": N, "x_MiB": x.nbytes / MiB, **r} for r in rows]
+
+
+def bench_mlp(tokens: int, dim: int, hidden: int, G: int) -> list[dict]:
+    """The whole MLP under torch.compile: LKAT's two shared-basis KAN layers on the traced path against ViT's Linear +
+    GELU + Linear with biases (timm's Mlp)."""
+    x = leaf(tokens, dim, scale=1.5)
+    gw1, W1 = leaf(1, G, dtype=torch.float32), leaf(hidden, dim, scale=dim**-0.5)
+    gw2, W2 = leaf(1, G, dtype=torch.float32), leaf(dim, hidden, scale=hidden**-0.5)
+    w1, b1, w2, b2 = leaf(hidden, dim, scale=dim**-0.5), leaf(hidden), leaf(dim, hidden, scale=hidden**-0.5), leaf(dim)
+
+    def kan() -> torch.Tensor:
+        return kan_linear(kan_linear(x, gw1, W1, *GRID, backend=TRACED), gw2, W2, *GRID, backend=TRACED)
+
+    def vit() -> torch.Tensor:
+        return F.linear(F.gelu(F.linear(x, w1, b1)), w2, b2)
+
+    compile_static = lambda fn: torch.compile(fn, fullgraph=True, dynamic=False)  # noqa: E731
+    rows = [
+        measure("kan mlp traced, compiled", compile_static(kan), [x, gw1, W1, gw2, W2], [gw1, W1, gw2, W2]),
+        measure("vit mlp, compiled", compile_static(vit), [x, w1, b1, w2, b2], [w1, b1, w2, b2]),
+    ]
+    return [{"basis": "shared", "G": G, "K": dim, "N": dim, "x_MiB": x.nbytes / MiB, **r} for r in rows]
 
 
 def bench_edge(tokens: int, K: int, N: int, G: int) -> list[dict]:
@@ -135,6 +162,9 @@ def ratios(rows: list[dict]) -> dict[str, float]:
     return {
         "shared traced / linear+gelu, both compiled, kernel time": (
             gpu["shared", "traced, compiled"] / gpu["shared", "linear+gelu, compiled"]
+        ),
+        "shared traced / gelu+linear, both compiled, kernel time": (
+            gpu["shared", "traced, compiled"] / gpu["shared", "gelu+linear, compiled"]
         ),
         "shared fused / linear+gelu, both compiled, kernel time": (
             gpu["shared", "fused, compiled"] / gpu["shared", "linear+gelu, compiled"]
@@ -166,6 +196,10 @@ def main() -> None:
     for layer, (K, N) in (("fc1", (args.dim, args.hidden)), ("fc2", (args.hidden, args.dim))):
         rows = bench_shared(args.tokens, K, N, args.shared_grid) + bench_edge(args.tokens, K, N, args.edge_grid)
         results.append({"layer": layer, "tokens": args.tokens, "rows": rows, "ratios": ratios(rows), **env})
+    rows = bench_mlp(args.tokens, args.dim, args.hidden, args.shared_grid)
+    kernel_ms = [r["kernel_ms"] for r in rows]
+    mlp_ratio = {"kan mlp / vit mlp, both compiled, kernel time": kernel_ms[0] / kernel_ms[1]}
+    results.append({"layer": "mlp", "tokens": args.tokens, "rows": rows, "ratios": mlp_ratio, **env})
     write_result(args.out or dated_result_path("bench_kan_layer", env), results)
     print(f"\nbf16, x = [{args.tokens}, in], forward+backward")
     stamp = [env["gpu"], env["torch"], env["triton"], env["date"]]
@@ -183,9 +217,10 @@ def main() -> None:
     print(markdown(header + ["GPU", "torch", "triton", "date"], rows))
     print()
     names = list(results[0]["ratios"])
-    print(
-        markdown(["layer", *names], [[res["layer"]] + [f"{res['ratios'][n]:.2f}×" for n in names] for res in results])
-    )
+    layers = [res for res in results if res["layer"] != "mlp"]
+    print(markdown(["layer", *names], [[res["layer"]] + [f"{res['ratios'][n]:.2f}×" for n in names] for res in layers]))
+    print()
+    print(markdown(["whole MLP", "ratio"], [[name, f"{value:.2f}×"] for name, value in results[-1]["ratios"].items()]))
 
 
 if __name__ == "__main__":
