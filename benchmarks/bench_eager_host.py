@@ -20,6 +20,9 @@ then their eager inference steps the same way.
 "kan_paths": the "ratio" timing with three LKATs of each size, their KAN layers on "auto", "fused" and "triton".
 "phases": the "ratio" timing of the training steps, each step's host time split at the return of its forward (with the
 loss), backward, optimizer step and zeroing of the gradients; the rest is the wait for the GPU.
+"inside": LKAT's eager training step with the host time of our code timed from inside (ViT's and LKAT's steps
+untimed first, for scale): the forward and backward of each of our autograd Functions, the kernels' host functions
+the GLA core runs (INSIDE) and every Triton launch, each with the share of its time spent in the launches it makes.
 The lent GPU machines' host runs an eager step's Python at a speed that moves by up to 2x between processes and within
 one (ViT-T's block medians 19-39 ms, LKAT-T's 36-87 ms; the main thread's CPU time equals the wall time, so the step
 computes rather than waits, H100 machine 2026-11-28): the fastest step is the estimate least moved by it.
@@ -30,13 +33,16 @@ step: the model in eval mode under no_grad and bf16 autocast. Writes JSON and pr
 from __future__ import annotations
 
 import argparse
+import collections
+import contextlib
 import functools
 import itertools
 import statistics
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import replace
 from pathlib import Path
+from unittest import mock
 
 import torch
 import torch.nn.functional as F
@@ -44,7 +50,7 @@ from bench_model import Config, build, lkat, vit  # benchmarks/ is the script fo
 from common import dated_result_path, environment, write_result
 
 import lkat_lens
-from lkat_lens.kernels import gla_fla, gla_input, gla_short, kan_linear, rbf, tuned
+from lkat_lens.kernels import gla_core, gla_fla, gla_input, gla_short, kan_linear, rbf, tuned
 
 # (module, the eager caller's name, the op's name): the callers the model's code looks up at call time
 CALLERS = [
@@ -63,6 +69,12 @@ LAUNCHES = ("direct", "jit")
 # zeroing the gradients, and the wait for the GPU to finish (the synchronised step's rest)
 PHASES = ("forward", "backward", "optimizer", "zero_grad", "wait")
 KAN_PATHS = ("auto", "fused", "triton")  # the KAN layers' paths "kan_paths" forces (set_backends(kan=...))
+# the kernels' host functions "inside" times, by the module whose namespace the caller reads them from
+INSIDE = {
+    gla_core: ("gla_qkv_fwd", "gla_gate_fwd", "gla_short_fwd", "gated_norm_fwd",
+               "gated_norm_bwd", "gla_short_bwd", "gla_gate_bwd", "gla_qkv_bwd"),
+    kan_linear: ("backward_and_output",),
+}  # fmt: skip
 
 
 def use(path: str) -> None:
@@ -318,6 +330,111 @@ def compare_phases(args: argparse.Namespace) -> list[dict]:
     return rows
 
 
+class InsideTimers:
+    """Host time of wrapped functions (inclusive) by label, with the share of it spent in the Triton launches they
+    make (`launch=True` marks the launch itself)."""
+
+    def __init__(self) -> None:
+        self.seconds: collections.Counter = collections.Counter()
+        self.launch_seconds: collections.Counter = collections.Counter()
+        self.calls: collections.Counter = collections.Counter()
+        self._inner: list[float] = []  # the launch time of each open call
+
+    def wrap(self, label: str, fn: Callable, launch: bool = False) -> Callable:
+        @functools.wraps(fn)
+        def timed(*args, **kwargs):
+            self._inner.append(0.0)
+            start = time.perf_counter()
+            try:
+                return fn(*args, **kwargs)
+            finally:
+                spent = time.perf_counter() - start
+                inner = self._inner.pop()
+                in_launches = spent if launch else inner
+                self.seconds[label] += spent
+                self.launch_seconds[label] += in_launches
+                self.calls[label] += 1
+                if self._inner:
+                    self._inner[-1] += in_launches
+
+        return timed
+
+    def clear(self) -> None:
+        for counter in (self.seconds, self.launch_seconds, self.calls):
+            counter.clear()
+
+
+def _our_functions() -> Iterator[type]:
+    """Every torch.autograd.Function subclass defined in lkat_lens (those `differentiable` makes included)."""
+    todo = list(torch.autograd.Function.__subclasses__())
+    while todo:
+        cls = todo.pop()
+        todo += cls.__subclasses__()
+        if cls.__module__.startswith("lkat_lens."):
+            yield cls
+
+
+@contextlib.contextmanager
+def timed_inside(timers: InsideTimers) -> Iterator[None]:
+    """Our autograd Functions' forward and backward, the INSIDE functions and TunedKernel.run wrapped by `timers`."""
+    with contextlib.ExitStack() as patches:
+        for cls in _our_functions():
+            name = cls.__name__.removeprefix("Eager_")
+            for method in ("forward", "backward"):
+                if method in vars(cls):
+                    timed = timers.wrap(f"{name} {method}", getattr(cls, method))
+                    patches.enter_context(mock.patch.object(cls, method, staticmethod(timed)))
+        for module, names in INSIDE.items():
+            for name in names:
+                patches.enter_context(mock.patch.object(module, name, timers.wrap(name, getattr(module, name))))
+        launch = timers.wrap("Triton launch (TunedKernel.run)", tuned.TunedKernel.run, launch=True)
+        patches.enter_context(mock.patch.object(tuned.TunedKernel, "run", launch))
+        yield
+
+
+def compare_inside(args: argparse.Namespace) -> list[dict]:
+    """Rows of the "inside" timing: for each size, ViT's and LKAT's eager training steps untimed (medians of
+    --rounds x --iters synchronised steps), then LKAT's with our code timed from inside."""
+    rows = []
+    for size in args.sizes:
+        plain, configs = {}, (vit(size), lkat(size, "auto"))
+        for config in configs:
+            step = training_step(config, args.batch)
+            plain[config.label] = statistics.median(_step_times(step, args))
+        step, timers = training_step(configs[1], args.batch), InsideTimers()
+        with timed_inside(timers):
+            for _ in range(args.warmup):
+                step()
+            timers.clear()
+            times = _step_times(step, args, warm=False)
+        steps = len(times)
+        parts = {
+            label: {"ms_per_step": seconds / steps * 1e3, "calls_per_step": timers.calls[label] / steps,
+                    "us_per_call": seconds / timers.calls[label] * 1e6,
+                    "launch_ms_per_step": timers.launch_seconds[label] / steps * 1e3}
+            for label, seconds in timers.seconds.most_common()
+        }  # fmt: skip
+        rows.append({"what": f"{configs[1].label} eager training step, our code timed inside",
+                     "plain_step_median_ms": plain, "timed_step_median_ms": statistics.median(times),
+                     "parts": parts})  # fmt: skip
+        torch.cuda.empty_cache()
+    return rows
+
+
+def _step_times(step: Callable[[], None], args: argparse.Namespace, warm: bool = True) -> list[float]:
+    """ms of --rounds x --iters synchronised steps (after --warmup steps unless `warm` is False)."""
+    for _ in range(args.warmup if warm else 0):
+        step()
+    times = []
+    for _ in range(args.rounds * args.iters):
+        torch.cuda.synchronize()
+        start = time.perf_counter()
+        step()
+        torch.cuda.synchronize()
+        times.append((time.perf_counter() - start) * 1e3)
+    return times
+
+
 def main() -> None:
     comparisons = {
         "callers": (compare_callers, PATHS),
@@ -327,6 +444,7 @@ def main() -> None:
         "ratio": (compare_ratio, ()),
         "kan_paths": (compare_kan_paths, ()),
         "phases": (compare_phases, PHASES),
+        "inside": (compare_inside, ()),
     }
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--sizes", nargs="+", default=["tiny", "small"], choices=["tiny", "small", "base"])
@@ -359,6 +477,16 @@ def main() -> None:
                 for model, phases in r.get("phase_ms", {}).items():
                     print(f"  {model}, host ms by phase (medians): "
                           + ", ".join(f"{p} {ms:.2f}" for p, ms in phases.items()))  # fmt: skip
+            continue
+        if name == "inside":
+            for r in (r for r in rows if r["comparison"] == name):
+                steps = ", ".join(f"{model} {ms:.1f} ms" for model, ms in r["plain_step_median_ms"].items())
+                print(f"\n{r['what']} ({r['gpu']}): untimed steps {steps}; timed {r['timed_step_median_ms']:.1f} ms")
+                print("| what | ms a step | calls a step | us a call | of it in Triton launches, ms a step |")
+                print("|---|---|---|---|---|")
+                for label, p in r["parts"].items():
+                    print(f"| {label} | {p['ms_per_step']:.2f} | {p['calls_per_step']:.0f} | {p['us_per_call']:.1f} | "
+                          f"{p['launch_ms_per_step']:.2f} |")  # fmt: skip
             continue
         print(f"\n| {name}: what | " + " | ".join(f"{v} (median; all rounds)" for v in variants) + " | GPU |")
         print("|---|" + "---|" * (len(variants) + 1))
