@@ -287,13 +287,7 @@ def interleaved(steps: dict[str, Callable[[], None]], args: argparse.Namespace) 
     blocks: dict[str, list[float]] = {name: [] for name in steps}
     for _ in range(args.rounds):
         for name, step in steps.items():
-            block = []
-            for _ in range(args.iters):
-                torch.cuda.synchronize()
-                start = time.perf_counter()
-                step()
-                torch.cuda.synchronize()
-                block.append((time.perf_counter() - start) * 1e3)
+            block = synchronised_ms(step, args.iters)
             times[name] += block
             blocks[name].append(statistics.median(block))
     vit_label, *lkat_labels = steps
@@ -400,13 +394,15 @@ def compare_inside(args: argparse.Namespace) -> list[dict]:
         plain, configs = {}, (vit(size), lkat(size, "auto"))
         for config in configs:
             step = training_step(config, args.batch)
-            plain[config.label] = statistics.median(_step_times(step, args))
+            for _ in range(args.warmup):
+                step()
+            plain[config.label] = statistics.median(synchronised_ms(step, args.rounds * args.iters))
         step, timers = training_step(configs[1], args.batch), InsideTimers()
         with timed_inside(timers):
             for _ in range(args.warmup):
                 step()
             timers.clear()
-            times = _step_times(step, args, warm=False)
+            times = synchronised_ms(step, args.rounds * args.iters)
         steps = len(times)
         parts = {
             label: {"ms_per_step": seconds / steps * 1e3, "calls_per_step": timers.calls[label] / steps,
@@ -421,12 +417,10 @@ def compare_inside(args: argparse.Namespace) -> list[dict]:
     return rows
 
 
-def _step_times(step: Callable[[], None], args: argparse.Namespace, warm: bool = True) -> list[float]:
-    """ms of --rounds x --iters synchronised steps (after --warmup steps unless `warm` is False)."""
-    for _ in range(args.warmup if warm else 0):
-        step()
+def synchronised_ms(step: Callable[[], None], count: int) -> list[float]:
+    """ms of each of `count` steps, each between two synchronisations of the GPU."""
     times = []
-    for _ in range(args.rounds * args.iters):
+    for _ in range(count):
         torch.cuda.synchronize()
         start = time.perf_counter()
         step()
