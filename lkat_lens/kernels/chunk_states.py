@@ -32,7 +32,6 @@ the environment before triton is first imported they run on CPU tensors with fix
 
 from __future__ import annotations
 
-import functools
 import math
 import os
 
@@ -42,7 +41,7 @@ import triton.language as tl
 
 from .dtypes import compute_dtype
 from .host_math import cdiv
-from .tuned import TunedKernel
+from .tuned import TunedKernel, kernel_table
 
 INTERPRET = os.environ.get("TRITON_INTERPRET", "0") == "1"
 _INTERP_TILE = {"BE": 64, "BC": 4}  # small blocks under the interpreter, so the tests cross several of them
@@ -197,7 +196,8 @@ def _own_state_grads_kernel(q, do, g, x, gl, scale, T, NT, H: tl.constexpr, K: t
             else:
                 decay = tl.exp2(b_g)
             b_q = _chunk_tile(q, i_b, i_h, o_t, m_t, o_k, T, H, K)
-            b_q = tl.where(m_t[None, :], b_q * decay * scale, 0.0).to(q.dtype.element_ty)
+            # in fp32: torch.compile passes a Python float as fp64 (tuned.py)
+            b_q = tl.where(m_t[None, :], b_q * decay * tl.cast(scale, tl.float32), 0.0).to(q.dtype.element_ty)
             acc += _dot(b_q, tl.trans(_chunk_tile(do, i_b, i_h, o_t, m_t, o_v, T, H, V)), PRECISION)
         _store_state(x, acc, i_b, i_c - 1, i_h, o_k, o_v, m_kv, NT, H, K, V)
         if RAW:
@@ -263,7 +263,7 @@ _STATE_CONFIGS = ((32, 32, 2), (32, 64, 4), (64, 64, 4), (64, 64, 8))
 _OWN_KERNELS = {"states": _own_states_kernel, "grads": _own_state_grads_kernel}
 
 
-@functools.cache
+@kernel_table(("scan", *_OWN_KERNELS))
 def _autotuned(name: str) -> TunedKernel:
     """The CUDA kernel `name` ("scan", "states", "grads") autotuned over its configs."""
     if name == "scan":

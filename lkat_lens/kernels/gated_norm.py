@@ -20,7 +20,6 @@ tensors, with a fixed tile.
 
 from __future__ import annotations
 
-import functools
 import os
 
 import torch
@@ -29,7 +28,7 @@ import triton.language as tl
 
 from .autograd_ops import ANY_STRIDES, Kernel, differentiable
 from .host_math import cdiv, next_power_of_2
-from .tuned import TunedKernel, programs_key
+from .tuned import TunedKernel, kernel_table, programs_key, written_through
 
 INTERPRET = os.environ.get("TRITON_INTERPRET", "0") == "1"
 DTYPES = (torch.float32, torch.bfloat16, torch.float16)
@@ -69,14 +68,17 @@ def _rows(ptr, strides, r, c, H, rows, V: tl.constexpr):
 def _normalised(x, mask, eps, V: tl.constexpr):
     """((x - mean) * rstd, rstd) per row of a tile whose masked entries are zero."""
     centred = tl.where(mask, x - (tl.sum(x, axis=1) / V)[:, None], 0.0)
-    rstd = 1.0 / tl.sqrt(tl.sum(centred * centred, axis=1) / V + eps)
+    # in fp32: torch.compile passes a Python float as fp64 (tuned.py)
+    rstd = 1.0 / tl.sqrt(tl.sum(centred * centred, axis=1) / V + tl.cast(eps, tl.float32))
     return centred * rstd[:, None], rstd
 
 
 @triton.jit
-def _gated_norm_fwd_kernel(o_ptr, g_ptr, w_ptr, b_ptr, out_ptr, so, sg, rows, H, eps, programs, V: tl.constexpr,
-                           BV: tl.constexpr, BR: tl.constexpr):  # fmt: skip
-    """out (contiguous [N, H, V]) of BR rows; `programs` is only the autotuning key."""
+def _gated_norm_fwd_kernel(o_ptr, g_ptr, w_ptr, b_ptr, out_ptr, so_n, so_h, so_v, sg_n, sg_h, sg_v, rows, H, eps,
+                           programs, V: tl.constexpr, BV: tl.constexpr, BR: tl.constexpr):  # fmt: skip
+    """out (contiguous [N, H, V]) of BR rows; `programs` is only the autotuning key. The strides come as integers
+    (torch.compile's user-defined kernels take no tuples)."""
+    so, sg = (so_n, so_h, so_v), (sg_n, sg_h, sg_v)
     r = tl.program_id(0) * BR + tl.arange(0, BR)
     c = tl.arange(0, BV)
     x, mask = _rows(o_ptr, so, r, c, H, rows, V)
@@ -89,12 +91,14 @@ def _gated_norm_fwd_kernel(o_ptr, g_ptr, w_ptr, b_ptr, out_ptr, so, sg, rows, H,
 
 
 @triton.jit
-def _gated_norm_bwd_kernel(o_ptr, g_ptr, w_ptr, b_ptr, dout_ptr, do_ptr, dg_ptr, part_ptr, so, sg, sd, sdg, rows,
-                           H, eps, programs, V: tl.constexpr, BV: tl.constexpr, BR: tl.constexpr,
-                           ROWS: tl.constexpr):  # fmt: skip
-    """do (contiguous [N, H, V]) and dg ([N, H, V], strides sdg) of ROWS rows in tiles of BR, and this program's
-    partial sums of the weight and bias gradients at part_ptr [2, V, launched programs] (partials last: the host's sum
-    over them is a contiguous reduction); the argument `programs` is only the autotuning key."""
+def _gated_norm_bwd_kernel(o_ptr, g_ptr, w_ptr, b_ptr, dout_ptr, do_ptr, dg_ptr, part_ptr, so_n, so_h, so_v, sg_n,
+                           sg_h, sg_v, sd_n, sd_h, sd_v, sdg_n, sdg_h, sdg_v, dg_offset, rows, H, eps, programs,
+                           V: tl.constexpr, BV: tl.constexpr, BR: tl.constexpr, ROWS: tl.constexpr):  # fmt: skip
+    """do (contiguous [N, H, V]) and dg ([N, H, V] from dg_offset, strides sdg) of ROWS rows in tiles of BR, and this
+    program's partial sums of the weight and bias gradients at part_ptr [2, V, launched programs] (partials last: the
+    host's sum over them is a contiguous reduction); the argument `programs` is only the autotuning key."""
+    so, sg, sd, sdg = (so_n, so_h, so_v), (sg_n, sg_h, sg_v), (sd_n, sd_h, sd_v), (sdg_n, sdg_h, sdg_v)
+    dg_ptr += dg_offset
     c = tl.arange(0, BV)
     w = tl.load(w_ptr + c, mask=c < V, other=0.0).to(tl.float32)
     b = tl.load(b_ptr + c, mask=c < V, other=0.0).to(tl.float32)
@@ -132,7 +136,7 @@ _KERNELS = {"forward": _gated_norm_fwd_kernel, "backward": _gated_norm_bwd_kerne
 _CONFIGS = ((16, 2), (16, 4), (32, 2), (32, 4), (64, 4), (64, 8))
 
 
-@functools.cache
+@kernel_table(_KERNELS)
 def _autotuned(kernel_name: str) -> TunedKernel:
     """The CUDA kernel autotuned over (row tile, warps), keyed on the width, the head count and the rows
     (tuned.programs_key)."""
@@ -155,15 +159,25 @@ def gated_norm_fwd(o, g, weight, bias, eps: float) -> torch.Tensor:
     rows = N * H
     if rows:
         meta = dict(V=V, BV=next_power_of_2(V))
-        args = (o, g, weight, bias, out, o.stride(), g.stride(), rows, H, eps, programs_key(rows))
+        args = (o, g, weight, bias, out, *o.stride(), *g.stride(), rows, H, eps, programs_key(rows))
         _launch("forward", lambda br: cdiv(rows, br), *args, **meta)
     return out
 
 
-def gated_norm_bwd(o, g, weight, bias, dout, eps: float, dg: torch.Tensor | None = None) -> tuple[torch.Tensor, ...]:
+def gated_norm_bwd(
+    o,
+    g,
+    weight,
+    bias,
+    dout,
+    eps: float,
+    dg: torch.Tensor | None = None,
+    dg_into: tuple[torch.Tensor, int] | None = None,
+) -> tuple[torch.Tensor, ...]:
     """(do in o's dtype, dg in g's dtype, d_affine) for the output gradient dout: d_affine [2, V] in fp32 holds the
     weight's gradient, then the bias's. dg is written into `dg` when given (an [N, H, V] tensor of any strides, such
-    as a column slice of a wider gradient)."""
+    as a column slice of a wider gradient: pass that gradient and the slice's offset as dg_into,
+    tuned.written_through)."""
     N, H, V = o.shape
     rows = N * H
     do = torch.empty(N, H, V, dtype=o.dtype, device=o.device)
@@ -174,8 +188,9 @@ def gated_norm_bwd(o, g, weight, bias, dout, eps: float, dg: torch.Tensor | None
     programs = cdiv(rows, _BWD_ROWS)
     part = torch.empty(2, V, programs, dtype=torch.float32, device=o.device)
     meta = dict(V=V, BV=next_power_of_2(V), ROWS=_BWD_ROWS)
-    strides = (o.stride(), g.stride(), dout.stride(), dg.stride())
-    args = (o, g, weight, bias, dout, do, dg, part, *strides, rows, H, eps, programs_key(rows))
+    target, offset = written_through(dg, dg_into)
+    strides = (*o.stride(), *g.stride(), *dout.stride(), *dg.stride(), offset)
+    args = (o, g, weight, bias, dout, do, target, part, *strides, rows, H, eps, programs_key(rows))
     _launch("backward", lambda br: programs, *args, **meta)
     return do, dg, part.sum(-1)
 

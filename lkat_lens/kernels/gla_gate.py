@@ -24,7 +24,6 @@ the kernels run on CPU tensors with fixed tiles.
 
 from __future__ import annotations
 
-import functools
 import os
 
 import torch
@@ -33,7 +32,7 @@ import triton.language as tl
 
 from .autograd_ops import ANY_STRIDES, Kernel, differentiable
 from .host_math import cdiv, next_power_of_2
-from .tuned import TunedKernel, programs_key
+from .tuned import TunedKernel, kernel_table, programs_key, written_through
 
 INTERPRET = os.environ.get("TRITON_INTERPRET", "0") == "1"
 CODE_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
@@ -97,18 +96,19 @@ def _gla_gate_fwd_kernel(code_ptr, w_ptr, b_ptr, gk_ptr, sc0, sc1, sw0, sw1, row
     code = _tile(code_ptr, sc0, sc1, r, j, rows, R)[0]
     w_t = _tile(w_ptr, sw1, sw0, j, k, R, K)[0]  # [RB, BK]: W transposed
     x = _code_dot(code, w_t, DOT, EXACT_CODE) + tl.load(b_ptr + k, mask=k < K, other=0.0)[None, :]
-    gate = (tl.minimum(x, 0.0) - _log1p(tl.exp(-tl.abs(x)))) * inv_norm
+    # in fp32: torch.compile passes a Python float as fp64 (tuned.py)
+    gate = (tl.minimum(x, 0.0) - _log1p(tl.exp(-tl.abs(x)))) * tl.cast(inv_norm, tl.float32)
     mask = (r < rows)[:, None] & (k < K)[None, :]
     tl.store(gk_ptr + r[:, None].to(tl.int64) * K + k[None, :], gate, mask=mask)
 
 
 @triton.jit
 def _gla_gate_bwd_kernel(code_ptr, w_ptr, b_ptr, dgk_ptr, dcode_ptr, part_ptr, sc0, sc1, sw0, sw1, sd0, sd1, sdc0,
-                         sdc1, rows, K, R, inv_norm, programs, RB: tl.constexpr, BR: tl.constexpr, BK: tl.constexpr,
-                         DOT: tl.constexpr, EXACT_CODE: tl.constexpr):  # fmt: skip
-    """The code's gradient ([N, R], strides sdc*) of BR rows, walking K in tiles of BK, and this program's partial sums
-    of the weight's gradient, transposed, and the bias's gradient: part_ptr [launched programs, R + 1, K], row R the
-    bias's (each program's block contiguous); `programs` is only the autotuning key."""
+                         sdc1, dcode_offset, rows, K, R, inv_norm, programs, RB: tl.constexpr, BR: tl.constexpr,
+                         BK: tl.constexpr, DOT: tl.constexpr, EXACT_CODE: tl.constexpr):  # fmt: skip
+    """The code's gradient ([N, R] from dcode_offset, strides sdc*) of BR rows, walking K in tiles of BK, and this
+    program's partial sums of the weight's gradient, transposed, and the bias's gradient: part_ptr [launched programs,
+    R + 1, K], row R the bias's (each program's block contiguous); `programs` is only the autotuning key."""
     r = tl.program_id(0) * BR + tl.arange(0, BR)
     j = tl.arange(0, RB)
     code, code_mask = _tile(code_ptr, sc0, sc1, r, j, rows, R)
@@ -120,13 +120,14 @@ def _gla_gate_bwd_kernel(code_ptr, w_ptr, b_ptr, dgk_ptr, dcode_ptr, part_ptr, s
         w = _tile(w_ptr, sw0, sw1, k, j, K, R)[0]  # [BK, RB]
         x = _code_dot(code, tl.trans(w), DOT, EXACT_CODE) + tl.load(b_ptr + k, mask=k < K, other=0.0)[None, :]
         dgk = _tile(dgk_ptr, sd0, sd1, r, k, rows, K)[0]  # zero on rows past N: those add nothing below
-        dx = dgk * tl.sigmoid(-x) * inv_norm
+        # in fp32: torch.compile passes a Python float as fp64 (tuned.py)
+        dx = dgk * tl.sigmoid(-x) * tl.cast(inv_norm, tl.float32)
         dcode += tl.dot(dx, w, input_precision=DOT)
         dw_t = _code_dot(code_t, dx, DOT, EXACT_CODE)  # [RB, BK]
         tl.store(part + j[:, None] * K + k[None, :], dw_t, mask=(j < R)[:, None] & (k < K)[None, :])
         tl.store(part + R * K + k, tl.sum(dx, axis=0), mask=k < K)
     offs = r[:, None].to(tl.int64) * sdc0 + j[None, :] * sdc1
-    tl.store(dcode_ptr + offs, dcode.to(dcode_ptr.dtype.element_ty), mask=code_mask)
+    tl.store(dcode_ptr + dcode_offset + offs, dcode.to(dcode_ptr.dtype.element_ty), mask=code_mask)
 
 
 _KERNELS = {"forward": _gla_gate_fwd_kernel, "backward": _gla_gate_bwd_kernel}
@@ -135,7 +136,7 @@ _FWD_CONFIGS = ((32, 64, 4), (64, 64, 4), (64, 128, 4), (128, 64, 4), (128, 128,
 _BWD_CONFIGS = ((32, 4), (64, 4), (64, 8), (128, 8))
 
 
-@functools.cache
+@kernel_table(_KERNELS)
 def _autotuned(kernel_name: str) -> TunedKernel:
     """The CUDA kernel autotuned over its tiles and warps, keyed on the rank, the width, the rows and the dot
     products' precision."""
@@ -173,10 +174,12 @@ def gla_gate_bwd(
     dgk: torch.Tensor,
     normalizer: float,
     dcode: torch.Tensor | None = None,
+    dcode_into: tuple[torch.Tensor, int] | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """(the code's gradient in its dtype, d_affine) for the gate's gradient dgk: d_affine [R + 1, K] in fp32 holds the
     weight's gradient transposed in its first R rows and the bias's in the last. The code's gradient is written into
-    `dcode` when given (an [N, R] tensor of any strides, such as a column slice of a wider gradient)."""
+    `dcode` when given (an [N, R] tensor of any strides, such as a column slice of a wider gradient: pass that
+    gradient and the slice's offset as dcode_into, tuned.written_through)."""
     (N, R), K = code.shape, weight.shape[0]
     if dcode is None:
         dcode = torch.empty(N, R, dtype=code.dtype, device=code.device)
@@ -184,8 +187,9 @@ def gla_gate_bwd(
         return dcode.zero_(), torch.zeros(R + 1, K, dtype=torch.float32, device=code.device)
     programs = cdiv(N, _BWD_ROWS)
     part = torch.empty(programs, R + 1, K, dtype=torch.float32, device=code.device)
-    strides = (*code.stride(), *weight.stride(), *dgk.stride(), *dcode.stride())
-    args = (code, weight, bias, dgk, dcode, part, *strides, N, K, R, 1.0 / normalizer, programs_key(N))
+    target, offset = written_through(dcode, dcode_into)
+    strides = (*code.stride(), *weight.stride(), *dgk.stride(), *dcode.stride(), offset)
+    args = (code, weight, bias, dgk, target, part, *strides, N, K, R, 1.0 / normalizer, programs_key(N))
     _launch("backward", lambda m: (programs,), *args, BR=_BWD_ROWS, **_products(code, R))
     return dcode, part.sum(0)
 

@@ -30,7 +30,6 @@ custom op, so torch.compile keeps it in the graph as one opaque call. `gla_input
 
 from __future__ import annotations
 
-import functools
 import os
 
 import torch
@@ -41,7 +40,7 @@ import triton.language as tl
 from .autograd_ops import ANY_STRIDES, Kernel, differentiable
 from .dtypes import compute_dtype
 from .host_math import cdiv, next_power_of_2
-from .tuned import TunedKernel, programs_key
+from .tuned import TunedKernel, kernel_table, programs_key, written_through
 
 INTERPRET = os.environ.get("TRITON_INTERPRET", "0") == "1"
 INPUT_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
@@ -148,7 +147,8 @@ def _rows_ahead(tile, shift: tl.constexpr, BT: tl.constexpr, BD: tl.constexpr):
 @triton.jit
 def _inv_rms(y, eps, DH: tl.constexpr):
     """1 / sqrt(mean(y^2) + eps) per row of a tile whose columns past DH are zero."""
-    return 1.0 / tl.sqrt(tl.sum(y * y, axis=1) / DH + eps)
+    # in fp32: torch.compile passes a Python float as fp64 (tuned.py)
+    return 1.0 / tl.sqrt(tl.sum(y * y, axis=1) / DH + tl.cast(eps, tl.float32))
 
 
 @triton.jit
@@ -291,17 +291,17 @@ def _input_grads(
 @triton.jit
 def _gla_input_bwd_kernel(
     x_ptr, w_ptr, nw_ptr, cos_ptr, sin_ptr, do_ptr, dx_ptr, dw_ptr, dnw_ptr, sx0, sx1, sx2, sd0, sd1, sd2, sdx0, sdx1,
-    sdx2, T, H, eps, programs, DH: tl.constexpr, BD: tl.constexpr, TAPS: tl.constexpr, NORM: tl.constexpr,
+    sdx2, dx_offset, T, H, eps, programs, DH: tl.constexpr, BD: tl.constexpr, TAPS: tl.constexpr, NORM: tl.constexpr,
     ROPE: tl.constexpr, BT: tl.constexpr, TILES: tl.constexpr, ACC: tl.constexpr,
 ):  # fmt: skip
-    """dx ([B, T, D], strides sdx*) of the rows of one (batch, head) that this program owns: TILES consecutive tiles
-    of BT rows, each owning its first BT - TAPS + 1. With it the partial sums of the convolution weight gradient (dw_ptr
-    [D, TAPS, programs along the rows * B]) and of the norm weight's (dnw_ptr [DH, programs]): partials last, so that
-    the host sums contiguous rows. With ACC (at most four taps) each tap's products are accumulated over the tiles and
-    summed once; without it (TILES == 1) each is summed on its tile. sd* are the output gradient's [B, T, D]
-    strides; `programs` is only the autotuning key."""
-    _input_grads(x_ptr, w_ptr, nw_ptr, cos_ptr, sin_ptr, do_ptr, dx_ptr, dw_ptr, dnw_ptr, sx0, sx1, sx2, sd0, sd1, sd2,
-                 sdx0, sdx1, sdx2, T, H, eps, DH, BD, TAPS, NORM, ROPE, BT, TILES, ACC)  # fmt: skip
+    """dx ([B, T, D] from dx_offset, strides sdx*) of the rows of one (batch, head) that this program owns: TILES
+    consecutive tiles of BT rows, each owning its first BT - TAPS + 1. With it the partial sums of the convolution
+    weight gradient (dw_ptr [D, TAPS, programs along the rows * B]) and of the norm weight's (dnw_ptr [DH, programs]):
+    partials last, so that the host sums contiguous rows. With ACC (at most four taps) each tap's products are
+    accumulated over the tiles and summed once; without it (TILES == 1) each is summed on its tile. sd* are the output
+    gradient's [B, T, D] strides; `programs` is only the autotuning key."""
+    _input_grads(x_ptr, w_ptr, nw_ptr, cos_ptr, sin_ptr, do_ptr, dx_ptr + dx_offset, dw_ptr, dnw_ptr, sx0, sx1, sx2,
+                 sd0, sd1, sd2, sdx0, sdx1, sdx2, T, H, eps, DH, BD, TAPS, NORM, ROPE, BT, TILES, ACC)  # fmt: skip
 
 
 @triton.jit
@@ -344,7 +344,7 @@ _KERNELS = {
 }
 
 
-@functools.cache
+@kernel_table(_KERNELS)
 def _autotuned(kernel_name: str) -> TunedKernel:
     """A kernel autotuned on CUDA: the forwards over (row tile, warps), the backwards over warps (their tiles set by
     `backward_tiles`)."""
@@ -413,10 +413,20 @@ def gla_input_fwd(x, conv_weight, norm_weight, cos, sin, heads: int, eps: float)
 
 
 def gla_input_bwd(
-    x, conv_weight, norm_weight, cos, sin, do, heads: int, eps: float, dx: torch.Tensor | None = None
+    x,
+    conv_weight,
+    norm_weight,
+    cos,
+    sin,
+    do,
+    heads: int,
+    eps: float,
+    dx: torch.Tensor | None = None,
+    dx_into: tuple[torch.Tensor, int] | None = None,
 ) -> tuple[torch.Tensor, ...]:
     """(dx in x's dtype, d conv_weight, d norm_weight (empty without a norm weight)) for the output gradient do; dx is
-    written into `dx` when given (a [B, T, D] tensor of any strides, such as a column slice of a wider gradient)."""
+    written into `dx` when given (a [B, T, D] tensor of any strides, such as a column slice of a wider gradient: pass
+    that gradient and the slice's offset as dx_into, tuned.written_through)."""
     B, T, D = x.shape
     taps = conv_weight.shape[-1]
     norm = norm_weight is not None
@@ -427,8 +437,9 @@ def gla_input_bwd(
         dx = torch.empty(B, T, D, dtype=x.dtype, device=x.device)
     if dx.numel():  # else the empty partials sum to zero gradients
         weights, meta = _operands(x, conv_weight, norm_weight, cos, sin, heads)
-        strides = (*x.stride(), *do.flatten(2).stride(), *dx.stride())
-        args = (x, *weights, do.flatten(2), dx, dw, dnw, *strides, T, heads, eps, programs_key(B, heads))
+        target, offset = written_through(dx, dx_into)
+        strides = (*x.stride(), *do.flatten(2).stride(), *dx.stride(), offset)
+        args = (x, *weights, do.flatten(2), target, dw, dnw, *strides, T, heads, eps, programs_key(B, heads))
         _launch("backward", lambda bt: groups, B, heads, 1, *args, **meta, **tiling)
     d_conv = dw.sum(-1).reshape(conv_weight.shape).to(conv_weight.dtype)
     d_norm = dnw.sum(-1).to(norm_weight.dtype) if norm else dnw.new_empty(0, D // heads)
@@ -489,7 +500,9 @@ def gla_qkv_bwd(
     d_conv_v = None
     if pieces == 2:
         v_columns = slice(2 * key_dim, 2 * key_dim + value_dim)
-        v_grads = gla_input_bwd(y[..., v_columns], convs[2], None, None, None, dv, heads, 0.0, dx=dx[..., v_columns])
+        v_grads = gla_input_bwd(
+            y[..., v_columns], convs[2], None, None, None, dv, heads, 0.0, dx[..., v_columns], (dx, 2 * key_dim)
+        )
         d_conv_v = v_grads[1]
     if B * T:  # else the empty partials sum to zero gradients
         strides = (*y.stride(), *dq.flatten(2).stride(), *dx.stride())

@@ -56,7 +56,6 @@ imported they run on CPU tensors through the Triton interpreter with a fixed con
 torch custom op, so torch.compile keeps it in the graph as one opaque call.
 """
 
-import functools
 import os
 
 import torch
@@ -66,7 +65,7 @@ import triton.language as tl
 from . import chunk_states
 from .autograd_ops import Kernel, differentiable
 from .host_math import cdiv
-from .tuned import TunedKernel, programs_key
+from .tuned import TunedKernel, kernel_table, programs_key
 
 INTERPRET = os.environ.get("TRITON_INTERPRET", "0") == "1"
 CHUNK: tl.constexpr = tl.constexpr(16)
@@ -162,11 +161,21 @@ def _level_scores(q, k, b, rt, PRECISION: tl.constexpr):
 
 @triton.jit
 def _gla_short_fwd_intra_kernel(
-    q_ptr, k_ptr, v_ptr, g_ptr, oa_ptr, sq, sk, sv, sg, so, T, H, scale, programs,
+    q_ptr, k_ptr, v_ptr, g_ptr, oa_ptr, sq_b, sq_t, sq_h, sq_d, sk_b, sk_t, sk_h, sk_d, sv_b, sv_t, sv_h, sv_d, sg_b,
+    sg_t, sg_h, sg_d, so_b, so_t, so_h, so_d, T, H, scale, programs,
     K: tl.constexpr, V: tl.constexpr, PRECISION: tl.constexpr,
 ):  # fmt: skip
     """The intra-chunk output A @ v of one (batch * head, chunk) into the fp32 accumulator oa (o's strides so),
     which _gla_short_fwd_kernel reads; `programs` is only the autotuning key."""
+    sq, sk, sv, sg, so = (
+        (sq_b, sq_t, sq_h, sq_d),
+        (sk_b, sk_t, sk_h, sk_d),
+        (sv_b, sv_t, sv_h, sv_d),
+        (sg_b, sg_t, sg_h, sg_d),
+        (so_b, so_t, so_h, so_d),
+    )
+    # in fp32: torch.compile passes a Python float as fp64 (tuned.py)
+    scale = tl.cast(scale, tl.float32)
     i_bh, i_c = tl.program_id(0), tl.program_id(1)
     i_b, i_h = (i_bh // H).to(tl.int64), (i_bh % H).to(tl.int64)
     rt = tl.arange(0, CHUNK)
@@ -206,13 +215,23 @@ def _segment_state(ptr, i_b, i_s, i_h, T, seg_len, H, ck, cv, K: tl.constexpr, V
 
 @triton.jit
 def _gla_short_fwd_kernel(
-    q_ptr, k_ptr, v_ptr, g_ptr, o_ptr, oa_ptr, h_ptr, sq, sk, sv, sg, so, T, H, scale, seg_len, programs,
+    q_ptr, k_ptr, v_ptr, g_ptr, o_ptr, oa_ptr, h_ptr, sq_b, sq_t, sq_h, sq_d, sk_b, sk_t, sk_h, sk_d, sv_b, sv_t, sv_h,
+    sv_d, sg_b, sg_t, sg_h, sg_d, so_b, so_t, so_h, so_d, T, H, scale, seg_len, programs,
     K: tl.constexpr, V: tl.constexpr, BV: tl.constexpr, PRECISION: tl.constexpr, SEGMENTED: tl.constexpr,
 ):  # fmt: skip
     """o = the intra-chunk part in oa + the inter-chunk part (q_t * exp(b_t))^T S, for one (batch * head, segment,
     V tile): walks the segment's chunks with the [K, BV] state in registers, from h[segment] when SEGMENTED (else
     from 0, one segment). sq ... so are the operands' [B, T, H, D] strides (oa has o's); `programs` is only the
     autotuning key (see _autotuned)."""
+    sq, sk, sv, sg, so = (
+        (sq_b, sq_t, sq_h, sq_d),
+        (sk_b, sk_t, sk_h, sk_d),
+        (sv_b, sv_t, sv_h, sv_d),
+        (sg_b, sg_t, sg_h, sg_d),
+        (so_b, so_t, so_h, so_d),
+    )
+    # in fp32: torch.compile passes a Python float as fp64 (tuned.py)
+    scale = tl.cast(scale, tl.float32)
     i_bh, i_v = tl.program_id(0), tl.program_id(2)
     i_b, i_h = (i_bh // H).to(tl.int64), (i_bh % H).to(tl.int64)
     i_s, start, end = _segment(T, seg_len)
@@ -290,14 +309,27 @@ def _reverse_walk(
 
 @triton.jit
 def _gla_short_bwd_kernel(
-    q_ptr, k_ptr, v_ptr, g_ptr, do_ptr, dq_ptr, dk_ptr, dv_ptr, dg_ptr, h_ptr, dh_ptr, sq, sk, sv, sg, sdo, sgk,
-    sgv, T, H, scale, seg_len, programs, K: tl.constexpr, V: tl.constexpr, PRECISION: tl.constexpr,
+    q_ptr, k_ptr, v_ptr, g_ptr, do_ptr, dq_ptr, dk_ptr, dv_ptr, dg_ptr, h_ptr, dh_ptr, sq_b, sq_t, sq_h, sq_d, sk_b,
+    sk_t, sk_h, sk_d, sv_b, sv_t, sv_h, sv_d, sg_b, sg_t, sg_h, sg_d, sdo_b, sdo_t, sdo_h, sdo_d, sgk_b, sgk_t, sgk_h,
+    sgk_d, sgv_b, sgv_t, sgv_h, sgv_d, T, H, scale, seg_len, programs, K: tl.constexpr, V: tl.constexpr, PRECISION:
+    tl.constexpr,
     INPUT_PRECISION: tl.constexpr,
     SEGMENTED: tl.constexpr,
 ):  # fmt: skip
     """dq, dk, dv and the fp32 dgk of one (batch * head, segment). dq, dk and dg share the strides sgk, dv has sgv.
     When SEGMENTED, h and dh (fp32 [B, NS, H, K, V]) hold the state entering each segment and the gradient of the
     state after it."""
+    sq, sk, sv, sg, sdo, sgk, sgv = (
+        (sq_b, sq_t, sq_h, sq_d),
+        (sk_b, sk_t, sk_h, sk_d),
+        (sv_b, sv_t, sv_h, sv_d),
+        (sg_b, sg_t, sg_h, sg_d),
+        (sdo_b, sdo_t, sdo_h, sdo_d),
+        (sgk_b, sgk_t, sgk_h, sgk_d),
+        (sgv_b, sgv_t, sgv_h, sgv_d),
+    )
+    # in fp32: torch.compile passes a Python float as fp64 (tuned.py)
+    scale = tl.cast(scale, tl.float32)
     i_bh = tl.program_id(0)
     i_b, i_h = (i_bh // H).to(tl.int64), (i_bh % H).to(tl.int64)
     i_s, start, end = _segment(T, seg_len)
@@ -361,7 +393,7 @@ def _intra_configs() -> list[triton.Config]:
 _KERNELS = {"fwd_intra": _gla_short_fwd_intra_kernel, "fwd": _gla_short_fwd_kernel, "bwd": _gla_short_bwd_kernel}
 
 
-@functools.cache
+@kernel_table([(kernel, V) for kernel in _KERNELS for V in HEAD_DIMS])
 def _autotuned(kernel: str, V: int) -> TunedKernel:
     """The CUDA kernel `kernel` ("fwd_intra", "fwd" or "bwd") autotuned over its configurations, each keyed on K, V,
     the operand dtypes and `programs` (tuned.programs_key): how many programs share the SMs decides which warps and
@@ -451,7 +483,7 @@ def gla_short_fwd(
     rows, walks = _segments(T, segment)
     # fp32 outputs take the intra-chunk part in place; 16-bit ones round the sum of both parts once
     accumulator = o if o.dtype == torch.float32 else torch.empty(o.shape, dtype=torch.float32, device=o.device)
-    strides = (q.stride(), k.stride(), v.stride(), gk.stride(), o.stride())
+    strides = (*q.stride(), *k.stride(), *v.stride(), *gk.stride(), *o.stride())
     meta = dict(K=K, V=V, PRECISION=_precision(q, k, v))
     chunks = cdiv(T, CHUNK.value)
     _kernel("fwd_intra", V)[(B * H, chunks)](
@@ -490,7 +522,7 @@ def gla_short_bwd(
     else:
         dh = h
     rows, walks = _segments(T, segment)
-    strides = (q.stride(), k.stride(), v.stride(), gk.stride(), do.stride(), dg.stride(), dv.stride())
+    strides = (*q.stride(), *k.stride(), *v.stride(), *gk.stride(), *do.stride(), *dg.stride(), *dv.stride())
     args = (q, k, v, gk, do, dq, dk, dv, dg, h, dh, *strides, T, H, scale, rows, programs_key(B, H, walks))
     meta = dict(
         K=K,

@@ -20,8 +20,6 @@ u = (x - grid_min) / h; matmul operands are in W's dtype, accumulation in fp32.
 
 from __future__ import annotations
 
-import functools
-
 import torch
 import triton
 import triton.language as tl
@@ -30,7 +28,7 @@ from . import rbf_triton
 from .host_math import cdiv
 from .rbf import check_grid
 from .rbf_triton import INTERPRET
-from .tuned import TunedKernel, programs_key
+from .tuned import TunedKernel, kernel_table, programs_key
 
 _SPAN: tl.constexpr = tl.constexpr(4)
 # v is clamped to [-10, 13]: there every phi of the span is below e^-100 and exp(2v) stays finite.
@@ -319,7 +317,7 @@ _KERNELS = {
 }
 
 
-@functools.cache
+@kernel_table(_KERNELS)
 def _autotuned(name: str) -> TunedKernel:
     """The CUDA kernel autotuned over its tiles, keyed on N, K, G and the rows (`programs` = tuned.programs_key(M),
     which only the key reads)."""

@@ -26,7 +26,7 @@ import triton
 import triton.language as tl
 
 from .host_math import cdiv, next_power_of_2
-from .tuned import TunedKernel, programs_key
+from .tuned import TunedKernel, kernel_table, programs_key
 
 # Centers per pair of exponentials. exp(-v^2) at a span's first center is a normal fp32 number for
 # |v| < 9.3, so inside a span of four nothing larger than exp(-(9.3 - 3)^2) ~ e^-40 underflows.
@@ -150,7 +150,7 @@ def _backward_configs(channel: bool) -> list[triton.Config]:
     return [triton.Config({"BLOCK_N": n}, num_warps=w) for n, w in _BACKWARD_TILES[channel]]
 
 
-@functools.cache
+@kernel_table([(backward, channel) for backward in (False, True) for channel in (False, True)])
 def _autotuned(backward: bool, channel: bool) -> TunedKernel:
     """The CUDA kernel autotuned over its configurations, keyed on D, G and the rows (tuned.programs_key)."""
     configs = _backward_configs(channel) if backward else _forward_configs(channel)

@@ -15,14 +15,23 @@ integers and flags in every kernel here); a plan's key adds the current device, 
 does. Past `MAX_KEYS` keys a kernel's new keys go through the autotuner and JITFunction.run on every call, so that an
 argument that changed on every call could not grow its tables without end.
 `DIRECT = False` sends every launch through JITFunction.run (benchmarks/bench_eager_host.py compares both).
+
+While torch.compile traces, a launch is the autotuner's own call, which dynamo records as a user-defined Triton
+kernel: inductor then launches it from its generated code (and autotunes it over the same configurations). The
+modules look their kernels up in a `kernel_table`, which dynamo can read. Two things such a kernel must not
+take: a tuple argument (inductor's code generation takes none; strides go as integers) and a float it does not cast
+(inductor passes a Python float as fp64, Triton's own launch as fp32; the kernels cast their float scalars to fp32).
 """
 
 from __future__ import annotations
 
+import functools
 import inspect
 import math
+from collections.abc import Callable, Iterable
 from typing import Any, NamedTuple
 
+import torch
 from torch import Tensor
 from triton import knobs
 from triton.runtime import driver
@@ -54,6 +63,32 @@ def specialise(args: tuple) -> tuple[tuple, list]:
     values a run; TunedKernel caps the keys it keeps."""
     pointers = [arg if type(arg) is int else arg.data_ptr() if isinstance(arg, Tensor) else arg for arg in args]
     return tuple([p if p is arg else (arg.dtype, not p & 15) for arg, p in zip(args, pointers, strict=True)]), pointers
+
+
+def kernel_table(keys: Iterable[Any]) -> Callable[[Callable[..., TunedKernel]], Callable[..., TunedKernel]]:
+    """Decorator: the kernels build(*key) makes for `keys` (a key that is no tuple is one argument), all made at once
+    (a few ms for every module's), and looked up by key. The lookup is a dict read, which dynamo traces while
+    torch.compile traces a launch; a builder cached by functools.cache it would trace as if uncached, building an
+    Autotuner in the graph, which it cannot."""
+
+    def table(build: Callable[..., TunedKernel]) -> Callable[..., TunedKernel]:
+        built = {key: build(*key) for key in (k if isinstance(k, tuple) else (k,) for k in keys)}
+
+        def lookup(*key: Any) -> TunedKernel:
+            return built[key]
+
+        return functools.update_wrapper(lookup, build)
+
+    return table
+
+
+def written_through(out: Tensor, into: tuple[Tensor, int] | None) -> tuple[Tensor, int]:
+    """(the tensor a kernel writes `out` through, out's element offset in it): `into` = (the dense tensor out is a
+    view of, such as a gradient whose column slice out is, and that offset), else (out, 0). torch.compile copies a
+    tensor a traced kernel writes (functionalisation), and inductor copies a non-dense view wrongly (torch 2.11: the
+    copy reads the view's whole span from a compact buffer, out of bounds); the caller knows the offset (dynamo traces
+    no storage_offset)."""
+    return (out, 0) if into is None else into
 
 
 def _launchable(compiled: Any) -> bool:
@@ -90,7 +125,10 @@ class TunedKernel:
 
     def run(self, grid, *args: Any, **meta: Any) -> None:
         """Launch over `grid`: through the autotuner on a key's first call, through JITFunction.run with its choice
-        on the second, then directly."""
+        on the second, then directly; while torch.compile traces, through the autotuner (see the module docstring)."""
+        if torch.compiler.is_compiling():
+            self.autotuner[grid](*args, **meta)
+            return
         specialised, pointers = specialise(args)
         key = specialised, tuple(meta.items())
         if DIRECT and self._plans:  # none under the interpreter, which has no driver to ask for a device
