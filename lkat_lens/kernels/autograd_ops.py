@@ -14,6 +14,9 @@ the model calls: the op itself while torch.compile traces, else a plain torch.au
 forward's function, the same setup_context and the same backward formula with the backward's function in place of
 the backward op, and with gradients off (inference, analyses under no_grad) the forward's function alone: no
 autograd node, nothing saved. The paths compute the same values; the tests hold each op to its torch reference.
+
+`traced` skips the custom op: torch.compile traces the same autograd.Function, its host code and its Triton launches
+(user-defined kernels that inductor launches itself); the GLA core takes it (kernels/gla_core.py says why).
 """
 
 from __future__ import annotations
@@ -38,6 +41,31 @@ class Kernel(NamedTuple):
     function: Callable[..., Any]
 
 
+def _eager_function(
+    name: str,
+    forward: Callable[..., Any],
+    backward_kernel: Callable[..., Any],
+    backward: Callable[..., tuple],
+    setup_context: Callable[[Any, tuple, Any], None],
+) -> type:
+    """The torch.autograd.Function that runs `forward`, then setup_context, and backward with `backward_kernel`;
+    named Eager_<name> (its backward node Eager_<name>Backward), so profiles and grad_fn tell the ops apart."""
+
+    def eager_forward(ctx: Any, *inputs: Any) -> Any:
+        output = forward(*inputs)  # gradients are off inside an autograd.Function's forward
+        setup_context(ctx, inputs, output)
+        return output
+
+    def eager_backward(ctx: Any, *grads: Any) -> Any:
+        return backward(ctx, *grads, kernel=backward_kernel)
+
+    return type(
+        f"Eager_{name}",
+        (torch.autograd.Function,),
+        {"forward": staticmethod(eager_forward), "backward": staticmethod(eager_backward)},
+    )
+
+
 def differentiable(
     forward: Kernel,
     backward_kernel: Kernel,
@@ -48,26 +76,31 @@ def differentiable(
     the op takes them). backward(ctx, *grads, kernel=...) computes the input gradients with `kernel`: the backward op
     when torch.compile traces, its function in eager mode."""
     forward.op.register_autograd(functools.partial(backward, kernel=backward_kernel.op), setup_context=setup_context)
-
-    def eager_forward(ctx: Any, *inputs: Any) -> Any:
-        output = forward.function(*inputs)  # gradients are off inside an autograd.Function's forward
-        setup_context(ctx, inputs, output)
-        return output
-
-    def eager_backward(ctx: Any, *grads: Any) -> Any:
-        return backward(ctx, *grads, kernel=backward_kernel.function)
-
-    # named after the op (its backward node is Eager_<op>Backward), so profiles and grad_fn tell the ops apart
-    name = f"Eager_{getattr(forward.op, '_name', 'op')}"
-    function = type(
-        name,
-        (torch.autograd.Function,),
-        {"forward": staticmethod(eager_forward), "backward": staticmethod(eager_backward)},
-    )
+    name = getattr(forward.op, "_name", "op")
+    function = _eager_function(name, forward.function, backward_kernel.function, backward, setup_context)
 
     def call(*inputs: Any) -> Any:
         if torch.compiler.is_compiling():
             return forward.op(*inputs)
         return function.apply(*inputs) if torch.is_grad_enabled() else forward.function(*inputs)
+
+    return call
+
+
+def traced(
+    name: str,
+    forward: Callable[..., Any],
+    backward_kernel: Callable[..., Any],
+    backward: Callable[..., tuple],
+    setup_context: Callable[[Any, tuple, Any], None],
+) -> Callable[..., Any]:
+    """The differentiable caller of plain functions that torch.compile traces through: no custom op; the same
+    autograd.Function in every mode, which dynamo traces with the host code and records each Triton launch as a
+    user-defined kernel (tuned.TunedKernel), so inductor launches the kernels from its generated code. With gradients
+    off, `forward` alone."""
+    function = _eager_function(name, forward, backward_kernel, backward, setup_context)
+
+    def call(*inputs: Any) -> Any:
+        return function.apply(*inputs) if torch.is_grad_enabled() else forward(*inputs)
 
     return call

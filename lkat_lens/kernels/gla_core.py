@@ -1,4 +1,4 @@
-"""GLA's core as one op each way: from the stacked projection output to the gated, normalised heads.
+"""GLA's core as one computation each way: from the stacked projection output to the gated, normalised heads.
 
 VisionGLA projects its input once, y = [q | k | v | g | code] [B, T, P] (one GEMM with the stacked weights of q_proj,
 k_proj, v_proj, g_proj and the gate's low-rank Linear; models.attention). The core takes y whole and runs the kernels
@@ -18,6 +18,13 @@ LKAT-B 58.14 / 59.64; benchmarks/README.md). The values are the pieces' own: the
 The backward holds the saved tensors until its last kernel (the pieces free each after their own): 0.5-2 MiB more
 per image at the training step's peak.
 
+Under torch.compile the core is no custom op: dynamo traces its autograd.Function (autograd_ops.traced), host code
+and all, and records its nine Triton launches as user-defined kernels, which inductor launches from its generated code
+(tuned.py says what such a kernel must not take; the gate's and the code's gradients go into dy through dy itself,
+tuned.written_through). The custom op cost every call its dispatch and its Python host code: LKAT-T compiled without
+CUDA graphs trained at 0.44x ViT-T's speed with it, 0.60x traced (0.45x and 0.84x of ViT-T's queued throughput;
+H200, consecutive runs on one machine; benchmarks/README.md); with CUDA graphs 0.59x.
+
 The model takes this op when all three paths around the GLA take their kernels, the GLA takes the short kernels and
 no hook point between the pieces is hooked (VisionGLA.fuses_core); otherwise it runs the pieces. With TRITON_INTERPRET=1
 in the environment before triton is first imported the kernels run on CPU tensors.
@@ -27,13 +34,13 @@ from __future__ import annotations
 
 import torch
 
-from .autograd_ops import ANY_STRIDES, Kernel, differentiable
+from .autograd_ops import traced
 from .gated_norm import affine_grads as norm_affine_grads
 from .gated_norm import gated_norm_bwd, gated_norm_fwd
 from .gla_gate import affine_grads as gate_affine_grads
 from .gla_gate import gla_gate_bwd, gla_gate_fwd
-from .gla_input import gla_qkv_bwd, gla_qkv_fwd, qkv_pieces
-from .gla_short import INTERPRET, empty_states, gla_short_bwd, gla_short_fwd
+from .gla_input import gla_qkv_bwd, gla_qkv_fwd
+from .gla_short import INTERPRET, gla_short_bwd, gla_short_fwd
 
 
 def _gate_columns(y: torch.Tensor, key_dim: int, value_dim: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -71,13 +78,17 @@ def gla_core_bwd(
     z's gradient dz. Stacked, each is one reduction of its partial sums (a custom op's outputs may not be views of one
     another)."""
     dy = torch.empty(y.shape, dtype=y.dtype, device=y.device)
-    yg, code = _gate_columns(y, conv_q.shape[0], conv_v.shape[0])
-    dyg, dcode = _gate_columns(dy, conv_q.shape[0], conv_v.shape[0])
+    key_dim, value_dim = conv_q.shape[0], conv_v.shape[0]
+    yg, code = _gate_columns(y, key_dim, value_dim)
+    dyg, dcode = _gate_columns(dy, key_dim, value_dim)
+    # the gate's and the code's gradients go into their columns of dy, written through dy (tuned.written_through)
+    g_column, code_column = 2 * key_dim + value_dim, 2 * (key_dim + value_dim)
     do, _, d_out = gated_norm_bwd(o.flatten(0, 1), _heads(yg, heads), out_weight, out_bias,
-                                  dz.reshape(-1, *dz.shape[2:]), eps[2], dg=_heads(dyg, heads))  # fmt: skip
+                                  dz.reshape(-1, *dz.shape[2:]), eps[2], _heads(dyg, heads),
+                                  (dy, g_column))  # fmt: skip
     dq, dk, dv, dgk = gla_short_bwd(q, k, v, gk, h, do.view(o.shape), scale, segment)
     d_gate = gla_gate_bwd(code.flatten(0, 1), gate_weight, gate_bias, dgk.flatten(0, 1).flatten(1), normalizer,
-                          dcode=dcode.flatten(0, 1))[1]  # fmt: skip
+                          dcode.flatten(0, 1), (dy, code_column))[1]  # fmt: skip
     d_conv, d_conv_v, d_norm = gla_qkv_bwd(
         y, (conv_q, conv_k, conv_v), (norm_q, norm_k), cos, sin, (dq, dk, dv), heads, (eps[0], eps[1]), dy
     )
@@ -85,85 +96,6 @@ def gla_core_bwd(
 
 
 __all__ = ["INTERPRET", "gla_core", "gla_core_bwd", "gla_core_fwd"]
-
-
-# The forward reads y through its strides; the backward writes dy contiguous whatever y's strides.
-@torch.library.custom_op("lkat_lens::gla_core", mutates_args=(), tags=ANY_STRIDES)
-def _gla_core_op(
-    y: torch.Tensor,
-    conv_q: torch.Tensor,
-    conv_k: torch.Tensor,
-    conv_v: torch.Tensor,
-    norm_q: torch.Tensor,
-    norm_k: torch.Tensor,
-    cos: torch.Tensor,
-    sin: torch.Tensor,
-    gate_weight: torch.Tensor,
-    gate_bias: torch.Tensor,
-    out_weight: torch.Tensor,
-    out_bias: torch.Tensor,
-    heads: int,
-    scale: float,
-    segment: int,
-    eps: list[float],
-    normalizer: float,
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-    """The forward as a custom op (opaque to torch.compile)."""
-    return gla_core_fwd(y, conv_q, conv_k, conv_v, norm_q, norm_k, cos, sin, gate_weight, gate_bias, out_weight,
-                        out_bias, heads, scale, segment, eps, normalizer)  # fmt: skip
-
-
-@_gla_core_op.register_fake
-def _gla_core_fake(y, conv_q, conv_k, conv_v, norm_q, norm_k, cos, sin, gate_weight, gate_bias, out_weight, out_bias,
-                   heads, scale, segment, eps, normalizer):  # fmt: skip
-    (B, T, _), key_dim, value_dim = y.shape, conv_q.shape[0], conv_v.shape[0]
-    keys, values = (B, T, heads, key_dim // heads), (B, T, heads, value_dim // heads)
-    q, k, v, o, z = (y.new_empty(shape) for shape in (keys, keys, values, values, values))
-    return z, q, k, v, y.new_empty(keys, dtype=torch.float32), empty_states(q, v, segment), o
-
-
-@torch.library.custom_op("lkat_lens::gla_core_backward", mutates_args=(), tags=ANY_STRIDES)
-def _gla_core_backward_op(
-    y: torch.Tensor,
-    conv_q: torch.Tensor,
-    conv_k: torch.Tensor,
-    conv_v: torch.Tensor,
-    norm_q: torch.Tensor,
-    norm_k: torch.Tensor,
-    cos: torch.Tensor,
-    sin: torch.Tensor,
-    gate_weight: torch.Tensor,
-    gate_bias: torch.Tensor,
-    out_weight: torch.Tensor,
-    out_bias: torch.Tensor,
-    q: torch.Tensor,
-    k: torch.Tensor,
-    v: torch.Tensor,
-    gk: torch.Tensor,
-    h: torch.Tensor,
-    o: torch.Tensor,
-    dz: torch.Tensor,
-    heads: int,
-    scale: float,
-    segment: int,
-    eps: list[float],
-    normalizer: float,
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-    """The backward as a custom op (gla_core_bwd)."""
-    return gla_core_bwd(y, conv_q, conv_k, conv_v, norm_q, norm_k, cos, sin, gate_weight, gate_bias, out_weight,
-                        out_bias, q, k, v, gk, h, o, dz, heads, scale, segment, eps, normalizer)  # fmt: skip
-
-
-@_gla_core_backward_op.register_fake
-def _gla_core_backward_fake(y, conv_q, conv_k, conv_v, norm_q, norm_k, cos, sin, gate_weight, gate_bias, out_weight,
-                            out_bias, q, k, v, gk, h, o, dz, heads, scale, segment, eps, normalizer):  # fmt: skip
-    K, R = gate_weight.shape
-    pieces = qkv_pieces((conv_q, conv_k, conv_v))
-    d_conv = conv_q.new_empty(pieces, *conv_q.shape)
-    d_conv_v = conv_v.new_empty(0) if pieces == 3 else torch.empty_like(conv_v)
-    d_gate = y.new_empty(R + 1, K, dtype=torch.float32)
-    d_out = y.new_empty(2, out_weight.shape[0], dtype=torch.float32)
-    return y.new_empty(y.shape), d_conv, d_conv_v, norm_q.new_empty(2, *norm_q.shape), d_gate, d_out
 
 
 _TENSORS = 12  # the forward's tensor inputs; its scalar arguments follow
@@ -189,9 +121,7 @@ def _backward(ctx, dz: torch.Tensor, *_saved_grads, kernel) -> tuple:
             *[None] * len(ctx.args))  # fmt: skip
 
 
-_gla_core = differentiable(
-    Kernel(_gla_core_op, gla_core_fwd), Kernel(_gla_core_backward_op, gla_core_bwd), _backward, _setup_context
-)
+_gla_core = traced("gla_core", gla_core_fwd, gla_core_bwd, _backward, _setup_context)
 
 
 def gla_core(
