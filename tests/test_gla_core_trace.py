@@ -1,0 +1,121 @@
+"""torch.compile's trace of the GLA core (kernels/gla_core.py), captured on the CPU: dynamo and AOT autograd trace the
+core's autograd.Function with its host code into graphs whose Triton launches are user-defined kernels, with no graph
+break, and Triton's mutation analysis finds what each kernel writes.
+
+No kernel runs: the graphs are captured and never executed. dynamo records Triton kernels only where torch finds a
+Triton-capable device, and the mutation analysis builds each kernel's TTIR for the current target, so the child
+process this file starts tells torch that Triton is available and gives Triton an sm_90 target. The compiled core's
+values are the GPU test's (tests/gpu/test_gla_core_gpu.py); what this file guards is the tracing itself: a getter
+dynamo cannot read, a tuple argument (inductor and the mutation analysis take none), a `storage_offset` (dynamo
+traces none), a kernel that writes a view which is not dense (inductor copies such a view wrongly,
+tuned.written_through).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+PREFIX = "TRACE "
+FORWARD = {
+    "_gla_qkv_fwd_kernel", "_gla_gate_fwd_kernel", "_gla_short_fwd_intra_kernel", "_gla_short_fwd_kernel",
+    "_gated_norm_fwd_kernel",
+}  # fmt: skip
+BACKWARD = {"_gated_norm_bwd_kernel", "_gla_short_bwd_kernel", "_gla_gate_bwd_kernel", "_gla_qkv_bwd_kernel"}
+
+
+def _capture() -> dict:
+    """The child's side: {"forward" | "backward": [{"kernel", "writes", "dense", "inputs_written"} per launch]}."""
+    import torch
+    import torch._dynamo.variables.builder as dynamo_builder
+    import torch.utils._triton as torch_triton
+    from test_gla_core import EPS, NORMALIZER, leaves_of, make_case, scale_of
+    from torch._dynamo.backends.common import aot_autograd
+    from triton.backends.compiler import GPUTarget
+    from triton.runtime import driver
+
+    from lkat_lens.kernels import gla_core
+
+    class _Target:
+        """Triton's active driver as far as the mutation analysis asks: the target to build TTIR for."""
+
+        def get_current_target(self) -> GPUTarget:
+            return GPUTarget("cuda", 90, 32)
+
+    torch_triton.has_triton = dynamo_builder.has_triton = lambda: True
+    driver.set_active(_Target())
+    torch._functorch.config.force_non_lazy_backward_lowering = True  # the backward's graph at compile time
+    graphs = {}
+
+    class Captured(Exception):
+        """Raised in place of running the captured forward."""
+
+    def keep(name):
+        def compiler(graph, _inputs):
+            graphs[name] = graph
+            return lambda *_: (_ for _ in ()).throw(Captured())  # nothing runs
+
+        return compiler
+
+    heads, segment = 2, 0
+    flat, _ = make_case(21, heads, 16, 16, 16, torch.bfloat16, True)
+    args = (heads, scale_of(flat, heads), segment, list(EPS), NORMALIZER)
+    compiled = torch.compile(
+        lambda *leaves: gla_core._gla_core(*leaves, *args)[0],
+        backend=aot_autograd(fw_compiler=keep("forward"), bw_compiler=keep("backward")),
+        fullgraph=True,
+    )
+    try:
+        compiled(*leaves_of(flat))
+    except Captured:
+        pass
+    result = {}
+    for name, graph in graphs.items():
+        placeholders = {node for node in graph.graph.nodes if node.op == "placeholder"}
+        wrapper = torch.ops.higher_order.triton_kernel_wrapper_functional
+        result[name] = [_launch(node, placeholders) for node in graph.graph.nodes if node.target is wrapper]
+    return result
+
+
+def _launch(node, placeholders: set) -> dict:
+    """What one traced launch (a triton_kernel_wrapper_functional node) runs and writes."""
+    from torch._higher_order_ops.triton_kernel_wrap import kernel_side_table
+
+    operands, written = node.kwargs["kwargs"], node.kwargs["tensors_to_clone"]
+    return {
+        "kernel": kernel_side_table.get_kernel(node.kwargs["kernel_idx"]).fn.__name__,
+        "writes": sorted(written),
+        "dense": all(operands[name].meta["val"].is_contiguous() for name in written),
+        "inputs_written": sorted(name for name in written if operands[name] in placeholders),
+    }
+
+
+@pytest.fixture(scope="module")
+def trace() -> dict:
+    env = {key: value for key, value in os.environ.items() if key != "TRITON_INTERPRET"}
+    proc = subprocess.run([sys.executable, __file__], env=env, capture_output=True, text=True, timeout=600)
+    lines = [line for line in proc.stdout.splitlines() if line.startswith(PREFIX)]
+    assert proc.returncode == 0 and lines, proc.stderr[-4000:]
+    return json.loads(lines[-1].removeprefix(PREFIX))
+
+
+def test_the_core_traces_into_its_kernels_without_a_graph_break(trace: dict) -> None:
+    """One forward graph with the core's five kernels and one backward graph with its four (fullgraph)."""
+    assert sorted(launch["kernel"] for launch in trace["forward"]) == sorted(FORWARD)
+    assert sorted(launch["kernel"] for launch in trace["backward"]) == sorted(BACKWARD)
+
+
+def test_each_kernel_writes_only_dense_tensors_of_its_own(trace: dict) -> None:
+    """The mutation analysis found what each kernel writes (had it failed, every input would count as written): a
+    kernel writes something, never the core's inputs or saved tensors, and only dense tensors."""
+    for launch in trace["forward"] + trace["backward"]:
+        assert launch["writes"] and not launch["inputs_written"] and launch["dense"], launch
+
+
+if __name__ == "__main__":
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    print(PREFIX + json.dumps(_capture()))
