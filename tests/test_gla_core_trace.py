@@ -61,8 +61,8 @@ def _capture() -> dict:
 
         return compiler
 
-    heads, segment = 2, 0
-    flat, _ = make_case(21, heads, 16, 16, 16, torch.bfloat16, True)
+    heads, T, segment = 2, int(os.environ["CORE_T"]), int(os.environ["CORE_SEGMENT"])
+    flat, _ = make_case(T, heads, 16, 16, 16, torch.bfloat16, True)
     args = (heads, scale_of(flat, heads), segment, list(EPS), NORMALIZER)
     compiled = torch.compile(
         lambda *leaves: gla_core._gla_core(*leaves, *args)[0],
@@ -94,19 +94,31 @@ def _launch(node, placeholders: set) -> dict:
     }
 
 
-@pytest.fixture(scope="module")
-def trace() -> dict:
+# (tokens, segment): one walk over the sequence, and LKAT's segments (from 512 tokens on: the chunk states' kernels too)
+CASES = {"one_walk": (21, 0), "segments": (600, 128)}
+SEGMENT_KERNELS = {
+    "forward": ["_own_states_kernel", "_scan_kernel"],
+    "backward": ["_own_state_grads_kernel", "_scan_kernel"],
+}
+
+
+@pytest.fixture(scope="module", params=list(CASES))
+def trace(request) -> dict:
+    T, segment = CASES[request.param]
     env = {key: value for key, value in os.environ.items() if key != "TRITON_INTERPRET"}
+    env.update(CORE_T=str(T), CORE_SEGMENT=str(segment))
     proc = subprocess.run([sys.executable, __file__], env=env, capture_output=True, text=True, timeout=600)
     lines = [line for line in proc.stdout.splitlines() if line.startswith(PREFIX)]
     assert proc.returncode == 0 and lines, proc.stderr[-4000:]
-    return json.loads(lines[-1].removeprefix(PREFIX))
+    return {"segment": segment, **json.loads(lines[-1].removeprefix(PREFIX))}
 
 
 def test_the_core_traces_into_its_kernels_without_a_graph_break(trace: dict) -> None:
-    """One forward graph with the core's five kernels and one backward graph with its four (fullgraph)."""
-    assert sorted(launch["kernel"] for launch in trace["forward"]) == sorted(FORWARD)
-    assert sorted(launch["kernel"] for launch in trace["backward"]) == sorted(BACKWARD)
+    """One forward graph with the core's five kernels and one backward graph with its four (fullgraph), and in
+    segments the chunk states' two each way."""
+    for graph, kernels in (("forward", FORWARD), ("backward", BACKWARD)):
+        expected = sorted([*kernels, *(SEGMENT_KERNELS[graph] if trace["segment"] else [])])
+        assert sorted(launch["kernel"] for launch in trace[graph]) == expected
 
 
 def test_each_kernel_writes_only_dense_tensors_of_its_own(trace: dict) -> None:
