@@ -3,17 +3,19 @@ core's autograd.Function with its host code into graphs whose Triton launches ar
 break, and Triton's mutation analysis finds what each kernel writes.
 
 No kernel runs: the graphs are captured and never executed. dynamo records Triton kernels only where torch finds a
-Triton-capable device, and the mutation analysis builds each kernel's TTIR for the current target, so the child
-process this file starts tells torch that Triton is available and gives Triton an sm_90 target. The compiled core's
-values are the GPU test's (tests/gpu/test_gla_core_gpu.py); what this file guards is the tracing itself: a getter
-dynamo cannot read, a tuple argument (inductor and the mutation analysis take none), a `storage_offset` (dynamo
-traces none), a kernel that writes a view which is not dense (inductor copies such a view wrongly,
-tuned.written_through).
+Triton-capable device, and the mutation analysis builds each kernel's TTIR for the current target, so the child process
+this file starts tells torch that Triton is available and gives Triton an sm_90 target, and has the analysis type a
+Python float as fp64, as inductor passes it (a kernel whose types then disagree fails to build, and the analysis counts
+every input as written). The compiled core's values are the GPU test's (tests/gpu/test_gla_core_gpu.py); what this file
+guards is the tracing itself: a getter dynamo cannot read, a tuple argument (inductor and the mutation analysis take
+none), a `storage_offset` (dynamo traces none), a float scalar used uncast, a kernel that writes a view which is not
+dense (inductor copies such a view wrongly, tuned.written_through).
 """
 
 from __future__ import annotations
 
 import json
+import logging
 import os
 import subprocess
 import sys
@@ -37,6 +39,7 @@ def _capture() -> dict:
     from torch._dynamo.backends.common import aot_autograd
     from triton.backends.compiler import GPUTarget
     from triton.runtime import driver
+    from triton.runtime import jit as triton_jit
 
     from lkat_lens.kernels import gla_core
 
@@ -48,7 +51,18 @@ def _capture() -> dict:
 
     torch_triton.has_triton = dynamo_builder.has_triton = lambda: True
     driver.set_active(_Target())
+    # the analysis types a Python float as inductor's generated code passes it, fp64 (Triton's launch: fp32)
+    native_type = triton_jit.mangle_type
+    triton_jit.mangle_type = lambda arg, *rest: "fp64" if type(arg) is float else native_type(arg, *rest)
     torch._functorch.config.force_non_lazy_backward_lowering = True  # the backward's graph at compile time
+    failures = []  # the mutation analysis logs a warning when a kernel's TTIR fails to build
+
+    class Failures(logging.Handler):
+        def emit(self, record: logging.LogRecord) -> None:
+            if "assuming every input is mutated" in record.getMessage():
+                failures.append(f"{record.getMessage()}: {record.exc_info[1] if record.exc_info else ''}"[:600])
+
+    logging.getLogger("torch._dynamo").addHandler(Failures(logging.WARNING))  # triton_kernel_wrap logs there
     graphs = {}
 
     class Captured(Exception):
@@ -73,7 +87,7 @@ def _capture() -> dict:
         compiled(*leaves_of(flat))
     except Captured:
         pass
-    result = {}
+    result = {"analysis_failures": failures}
     for name, graph in graphs.items():
         placeholders = {node for node in graph.graph.nodes if node.op == "placeholder"}
         wrapper = torch.ops.higher_order.triton_kernel_wrapper_functional
@@ -122,8 +136,9 @@ def test_the_core_traces_into_its_kernels_without_a_graph_break(trace: dict) -> 
 
 
 def test_each_kernel_writes_only_dense_tensors_of_its_own(trace: dict) -> None:
-    """The mutation analysis found what each kernel writes (had it failed, every input would count as written): a
-    kernel writes something, never the core's inputs or saved tensors, and only dense tensors."""
+    """The mutation analysis built every kernel (floats typed fp64) and found what each writes (had it failed, every
+    input would count as written): a kernel writes something, never the core's inputs, and only dense tensors."""
+    assert not trace["analysis_failures"], trace["analysis_failures"]
     for launch in trace["forward"] + trace["backward"]:
         assert launch["writes"] and not launch["inputs_written"] and launch["dense"], launch
 
