@@ -211,23 +211,34 @@ def _linear_step(a1, b1, a2, b2):
 
 
 @triton.jit
-def _scan_block(x, g, start, i_b, i_h, o_e, o_k, m_e, T, NT, H: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
-                BT: tl.constexpr, BC: tl.constexpr, REVERSE: tl.constexpr, TOTALS: tl.constexpr):  # fmt: skip
-    """(decays a, terms b, their offsets, mask) of the BC scan positions from `start`: [BC, BE] tiles. The decay of
-    chunk n is 2^(g at its last token), or 2^g[n] with TOTALS (g: [B, NT, H, K], each chunk's log2 gate sum)."""
+def _scan_rows(start, i_b, i_h, o_e, m_e, NT, H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BC: tl.constexpr,
+               REVERSE: tl.constexpr):  # fmt: skip
+    """(scan positions i, their chunks c, the chunks n whose decay carries the state into them, mask of i, offsets
+    of their [BC, BE] tiles in x and y, the tiles' mask) of the BC positions from `start`. Apart from _scan_block,
+    which loads through them: Triton's mutation analysis, as torch.compile runs it, counts every pointer a called
+    function takes as a source of what it returns, so offsets returned beside loads from x and g would make the
+    store through them count x and g as written (and torch.compile copy them first)."""
     i = start + tl.arange(0, BC)  # scan position
     c = NT - 1 - i if REVERSE else i  # its chunk
     n = c + 1 if REVERSE else c - 1  # the chunk whose decay carries its state into chunk c
     m_c = i < NT
+    o_x = ((i_b * NT + c).to(tl.int64) * H + i_h)[:, None] * (K * V) + o_e[None, :]
+    return i, c, n, m_c, o_x, m_c[:, None] & m_e[None, :]
+
+
+@triton.jit
+def _scan_block(x, g, start, i_b, i_h, o_e, o_k, m_e, T, NT, H: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
+                BT: tl.constexpr, BC: tl.constexpr, REVERSE: tl.constexpr, TOTALS: tl.constexpr):  # fmt: skip
+    """(decays a, terms b) of the BC scan positions from `start`: [BC, BE] tiles. The decay of chunk n is 2^(g at its
+    last token), or 2^g[n] with TOTALS (g: [B, NT, H, K], each chunk's log2 gate sum)."""
+    i, _, n, m_c, o_x, m_x = _scan_rows(start, i_b, i_h, o_e, m_e, NT, H, K, V, BC, REVERSE)
     if TOTALS:
         p_g = g + ((i_b * NT + n).to(tl.int64) * H + i_h)[:, None] * K + o_k[None, :]
     else:
         last = (tl.minimum((n + 1) * BT, T) - 1).to(tl.int64)
         p_g = g + ((i_b * T + last) * H + i_h)[:, None] * K + o_k[None, :]
     a = tl.exp2(tl.load(p_g, mask=(m_c & (i > 0))[:, None] & m_e[None, :], other=float("-inf")))
-    o_x = ((i_b * NT + c).to(tl.int64) * H + i_h)[:, None] * (K * V) + o_e[None, :]
-    m_x = m_c[:, None] & m_e[None, :]
-    return a, tl.load(x + o_x, mask=m_x, other=0.0).to(tl.float32), o_x, m_x
+    return a, tl.load(x + o_x, mask=m_x, other=0.0).to(tl.float32)
 
 
 @triton.jit
@@ -241,15 +252,16 @@ def _scan_kernel(x, g, y, T, NT, H: tl.constexpr, K: tl.constexpr, V: tl.constex
     m_e = o_e < K * V
     o_k = o_e // V
     carry = tl.zeros([BE], dtype=tl.float32)
-    a, b, o_x, m_x = _scan_block(x, g, 0, i_b, i_h, o_e, o_k, m_e, T, NT, H, K, V, BT, BC, REVERSE, TOTALS)
+    a, b = _scan_block(x, g, 0, i_b, i_h, o_e, o_k, m_e, T, NT, H, K, V, BT, BC, REVERSE, TOTALS)
+    o_x, m_x = _scan_rows(0, i_b, i_h, o_e, m_e, NT, H, K, V, BC, REVERSE)[4:]
     for start in range(BC, NT + BC, BC):
-        a_next, b_next, o_next, m_next = _scan_block(x, g, start, i_b, i_h, o_e, o_k, m_e, T, NT, H, K, V, BT, BC,
-                                                     REVERSE, TOTALS)  # fmt: skip
+        a_next, b_next = _scan_block(x, g, start, i_b, i_h, o_e, o_k, m_e, T, NT, H, K, V, BT, BC, REVERSE, TOTALS)
         a_cum, b_cum = tl.associative_scan((a, b), 0, _linear_step)
         out = a_cum * carry[None, :] + b_cum
         tl.store(y + o_x, out.to(y.dtype.element_ty), mask=m_x)
         carry = tl.sum(tl.where((tl.arange(0, BC) == BC - 1)[:, None], out, 0.0), axis=0)
-        a, b, o_x, m_x = a_next, b_next, o_next, m_next
+        a, b = a_next, b_next
+        o_x, m_x = _scan_rows(start, i_b, i_h, o_e, m_e, NT, H, K, V, BC, REVERSE)[4:]
 
 
 # Autotuned: (element tile, chunk block, warps) for the scan, keyed on NT too (its best tile follows the program
