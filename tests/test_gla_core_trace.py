@@ -23,11 +23,27 @@ import sys
 import pytest
 
 PREFIX = "TRACE "
-FORWARD = {
-    "_gla_qkv_fwd_kernel", "_gla_gate_fwd_kernel", "_gla_short_fwd_intra_kernel", "_gla_short_fwd_kernel",
-    "_gated_norm_fwd_kernel",
-}  # fmt: skip
-BACKWARD = {"_gated_norm_bwd_kernel", "_gla_short_bwd_kernel", "_gla_gate_bwd_kernel", "_gla_qkv_bwd_kernel"}
+# What each of the core's kernels writes (its outputs and partial sums), by graph
+WRITES = {
+    "forward": {
+        "_gla_qkv_fwd_kernel": ["k_ptr", "q_ptr", "v_ptr"],
+        "_gla_gate_fwd_kernel": ["gk_ptr"],
+        "_gla_short_fwd_intra_kernel": ["oa_ptr"],
+        "_gla_short_fwd_kernel": ["o_ptr"],
+        "_gated_norm_fwd_kernel": ["out_ptr"],
+    },
+    "backward": {
+        "_gated_norm_bwd_kernel": ["dg_ptr", "do_ptr", "part_ptr"],
+        "_gla_short_bwd_kernel": ["dg_ptr", "dk_ptr", "dq_ptr", "dv_ptr"],
+        "_gla_gate_bwd_kernel": ["dcode_ptr", "part_ptr"],
+        "_gla_qkv_bwd_kernel": ["dnw_ptr", "dw_ptr", "dx_ptr"],
+    },
+}
+# in segments, the chunk states' kernels too (the scan writes y alone: see chunk_states._scan_rows)
+SEGMENT_WRITES = {
+    "forward": {"_own_states_kernel": ["gl", "x"], "_scan_kernel": ["y"]},
+    "backward": {"_own_state_grads_kernel": ["gl", "x"], "_scan_kernel": ["y"]},
+}
 
 
 def _capture() -> dict:
@@ -110,10 +126,6 @@ def _launch(node, placeholders: set) -> dict:
 
 # (tokens, segment): one walk over the sequence, and LKAT's segments (from 512 tokens on: the chunk states' kernels too)
 CASES = {"one_walk": (21, 0), "segments": (600, 128)}
-SEGMENT_KERNELS = {
-    "forward": ["_own_states_kernel", "_scan_kernel"],
-    "backward": ["_own_state_grads_kernel", "_scan_kernel"],
-}
 
 
 @pytest.fixture(scope="module", params=list(CASES))
@@ -128,11 +140,12 @@ def trace(request) -> dict:
 
 
 def test_the_core_traces_into_its_kernels_without_a_graph_break(trace: dict) -> None:
-    """One forward graph with the core's five kernels and one backward graph with its four (fullgraph), and in
-    segments the chunk states' two each way."""
-    for graph, kernels in (("forward", FORWARD), ("backward", BACKWARD)):
-        expected = sorted([*kernels, *(SEGMENT_KERNELS[graph] if trace["segment"] else [])])
-        assert sorted(launch["kernel"] for launch in trace[graph]) == expected
+    """One forward graph and one backward graph (fullgraph) with the core's kernels, in segments the chunk states'
+    too, each found to write exactly its own outputs."""
+    for graph in ("forward", "backward"):
+        expected = {**WRITES[graph], **(SEGMENT_WRITES[graph] if trace["segment"] else {})}
+        assert {launch["kernel"]: launch["writes"] for launch in trace[graph]} == expected
+        assert len(trace[graph]) == len(expected)  # each launched once
 
 
 def test_each_kernel_writes_only_dense_tensors_of_its_own(trace: dict) -> None:
