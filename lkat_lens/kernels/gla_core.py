@@ -75,8 +75,7 @@ def gla_core_bwd(
     """(dy [B, T, P] contiguous in y's dtype, the convolution weights' gradients stacked and v's apart where its shape
     differs (gla_qkv_bwd's d conv and d conv_v, the latter empty otherwise), the q and k norm weights' stacked
     [2, K / H], the gate's d_affine [R + 1, K] (gla_gate_bwd) and the output norm's [2, V / H] (gated_norm_bwd)) for
-    z's gradient dz. Stacked, each is one reduction of its partial sums (a custom op's outputs may not be views of one
-    another)."""
+    z's gradient dz. Stacked, each is one reduction of its partial sums."""
     dy = torch.empty(y.shape, dtype=y.dtype, device=y.device)
     key_dim, value_dim = conv_q.shape[0], conv_v.shape[0]
     yg, code = _gate_columns(y, key_dim, value_dim)
