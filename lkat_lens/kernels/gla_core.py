@@ -71,9 +71,9 @@ def gla_core_fwd(
 def gla_core_bwd(
     y, conv_q, conv_k, conv_v, norm_q, norm_k, cos, sin, gate_weight, gate_bias, out_weight, out_bias,
     q, k, v, gk, h, o, dz, heads: int, scale: float, segment: int, eps: list[float], normalizer: float,
-) -> tuple[torch.Tensor, ...]:  # fmt: skip
+) -> tuple[torch.Tensor | None, ...]:  # fmt: skip
     """(dy [B, T, P] contiguous in y's dtype, the convolution weights' gradients stacked and v's apart where its shape
-    differs (gla_qkv_bwd's d conv and d conv_v, the latter empty otherwise), the q and k norm weights' stacked
+    differs (gla_qkv_bwd's d conv and d conv_v, the latter None otherwise), the q and k norm weights' stacked
     [2, K / H], the gate's d_affine [R + 1, K] (gla_gate_bwd) and the output norm's [2, V / H] (gated_norm_bwd)) for
     z's gradient dz. Stacked, each is one reduction of its partial sums."""
     dy = torch.empty(y.shape, dtype=y.dtype, device=y.device)
@@ -91,7 +91,7 @@ def gla_core_bwd(
     d_conv, d_conv_v, d_norm = gla_qkv_bwd(
         y, (conv_q, conv_k, conv_v), (norm_q, norm_k), cos, sin, (dq, dk, dv), heads, (eps[0], eps[1]), dy
     )
-    return dy, d_conv, conv_v.new_empty(0) if d_conv_v is None else d_conv_v, d_norm, d_gate, d_out
+    return dy, d_conv, d_conv_v, d_norm, d_gate, d_out
 
 
 __all__ = ["INTERPRET", "gla_core", "gla_core_bwd", "gla_core_fwd"]
