@@ -213,8 +213,8 @@ def _linear_step(a1, b1, a2, b2):
 @triton.jit
 def _scan_rows(start, i_b, i_h, o_e, m_e, NT, H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BC: tl.constexpr,
                REVERSE: tl.constexpr):  # fmt: skip
-    """(scan positions i, their chunks c, the chunks n whose decay carries the state into them, mask of i, offsets
-    of their [BC, BE] tiles in x and y, the tiles' mask) of the BC positions from `start`. Apart from _scan_block,
+    """(scan positions i, the chunks n whose decay carries the state into theirs, mask of i, offsets of their
+    [BC, BE] tiles in x and y, the tiles' mask) of the BC positions from `start`. Apart from _scan_block,
     which loads through them: Triton's mutation analysis, as torch.compile runs it, counts every pointer a called
     function takes as a source of what it returns, so offsets returned beside loads from x and g would make the
     store through them count x and g as written (and torch.compile copy them first)."""
@@ -223,7 +223,7 @@ def _scan_rows(start, i_b, i_h, o_e, m_e, NT, H: tl.constexpr, K: tl.constexpr, 
     n = c + 1 if REVERSE else c - 1  # the chunk whose decay carries its state into chunk c
     m_c = i < NT
     o_x = ((i_b * NT + c).to(tl.int64) * H + i_h)[:, None] * (K * V) + o_e[None, :]
-    return i, c, n, m_c, o_x, m_c[:, None] & m_e[None, :]
+    return i, n, m_c, o_x, m_c[:, None] & m_e[None, :]
 
 
 @triton.jit
@@ -231,7 +231,7 @@ def _scan_block(x, g, start, i_b, i_h, o_e, o_k, m_e, T, NT, H: tl.constexpr, K:
                 BT: tl.constexpr, BC: tl.constexpr, REVERSE: tl.constexpr, TOTALS: tl.constexpr):  # fmt: skip
     """(decays a, terms b) of the BC scan positions from `start`: [BC, BE] tiles. The decay of chunk n is 2^(g at its
     last token), or 2^g[n] with TOTALS (g: [B, NT, H, K], each chunk's log2 gate sum)."""
-    i, _, n, m_c, o_x, m_x = _scan_rows(start, i_b, i_h, o_e, m_e, NT, H, K, V, BC, REVERSE)
+    i, n, m_c, o_x, m_x = _scan_rows(start, i_b, i_h, o_e, m_e, NT, H, K, V, BC, REVERSE)
     if TOTALS:
         p_g = g + ((i_b * NT + n).to(tl.int64) * H + i_h)[:, None] * K + o_k[None, :]
     else:
@@ -253,7 +253,7 @@ def _scan_kernel(x, g, y, T, NT, H: tl.constexpr, K: tl.constexpr, V: tl.constex
     o_k = o_e // V
     carry = tl.zeros([BE], dtype=tl.float32)
     a, b = _scan_block(x, g, 0, i_b, i_h, o_e, o_k, m_e, T, NT, H, K, V, BT, BC, REVERSE, TOTALS)
-    o_x, m_x = _scan_rows(0, i_b, i_h, o_e, m_e, NT, H, K, V, BC, REVERSE)[4:]
+    o_x, m_x = _scan_rows(0, i_b, i_h, o_e, m_e, NT, H, K, V, BC, REVERSE)[3:]
     for start in range(BC, NT + BC, BC):
         a_next, b_next = _scan_block(x, g, start, i_b, i_h, o_e, o_k, m_e, T, NT, H, K, V, BT, BC, REVERSE, TOTALS)
         a_cum, b_cum = tl.associative_scan((a, b), 0, _linear_step)
@@ -261,7 +261,7 @@ def _scan_kernel(x, g, y, T, NT, H: tl.constexpr, K: tl.constexpr, V: tl.constex
         tl.store(y + o_x, out.to(y.dtype.element_ty), mask=m_x)
         carry = tl.sum(tl.where((tl.arange(0, BC) == BC - 1)[:, None], out, 0.0), axis=0)
         a, b = a_next, b_next
-        o_x, m_x = _scan_rows(start, i_b, i_h, o_e, m_e, NT, H, K, V, BC, REVERSE)[4:]
+        o_x, m_x = _scan_rows(start, i_b, i_h, o_e, m_e, NT, H, K, V, BC, REVERSE)[3:]
 
 
 # Autotuned: (element tile, chunk block, warps) for the scan, keyed on NT too (its best tile follows the program
