@@ -9,6 +9,7 @@ import pytest
 import torch
 from model_paths import backend_step, errors, lkat_t_and_images
 from test_gla_core import GRADS, bound, core_of, handoff_errors, make_case, outputs_and_grads, reference_of
+from test_gla_core_trace import WRITES
 from tolerance import rel_max
 from torch._inductor.utils import run_and_get_code
 
@@ -50,12 +51,9 @@ def test_lkat_core_matches_the_pieces() -> None:
     assert not model.blocks[0].attn.fuses_core(y.float())  # fp32: fla's fused_recurrent, not the short kernels
 
 
-# The core's Triton kernels, by name: torch.compile traces the core's autograd.Function and launches them itself
-CORE_KERNELS = {
-    "_gla_qkv_fwd_kernel", "_gla_gate_fwd_kernel", "_gla_short_fwd_intra_kernel", "_gla_short_fwd_kernel",
-    "_gated_norm_fwd_kernel", "_gated_norm_bwd_kernel", "_gla_short_bwd_kernel", "_gla_gate_bwd_kernel",
-    "_gla_qkv_bwd_kernel",
-}  # fmt: skip
+# The core's Triton kernels, by name (both graphs of tests/test_gla_core_trace.py, one walk): torch.compile traces the
+# core's autograd.Function and launches them itself
+CORE_KERNELS = {name for kernels in WRITES.values() for name in kernels}
 
 
 def test_compiled_lkat_takes_the_core_and_matches_the_pieces() -> None:
