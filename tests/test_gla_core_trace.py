@@ -9,7 +9,11 @@ Python float as fp64, as inductor passes it (a kernel whose types then disagree 
 every input as written). The compiled core's values are the GPU test's (tests/gpu/test_gla_core_gpu.py); what this file
 guards is the tracing itself: a getter dynamo cannot read, a tuple argument (inductor and the mutation analysis take
 none), a `storage_offset` (dynamo traces none), a float scalar used uncast, a kernel that writes a view which is not
-dense (inductor copies such a view wrongly, tuned.written_through).
+dense (inductor copies such a view wrongly, tuned.written_through). A third case traces a whole compiled lkat_micro
+training step: every layer takes the core, with no graph break (VisionGLA.fuses_core and VisionGLA.core under
+torch.compile). There the kernel modules' INTERPRET flags are set in the child so that the model's dispatch sends CPU
+tensors to the kernels as it sends CUDA tensors; the launches are then the interpreter's (each kernel's own
+configuration instead of its autotuner), with the same kernels and arguments.
 """
 
 from __future__ import annotations
@@ -57,7 +61,8 @@ def _capture() -> dict:
     from triton.runtime import driver
     from triton.runtime import jit as triton_jit
 
-    from lkat_lens.kernels import gla_core
+    import lkat_lens
+    from lkat_lens.kernels import gated_norm, gla_core, gla_gate, gla_input, gla_short
 
     class _Target:
         """Triton's active driver as far as the mutation analysis asks: the target to build TTIR for."""
@@ -91,16 +96,23 @@ def _capture() -> dict:
 
         return compiler
 
-    heads, T, segment = 2, int(os.environ["CORE_T"]), int(os.environ["CORE_SEGMENT"])
-    flat, _ = make_case(T, heads, 16, 16, 16, torch.bfloat16, True)
-    args = (heads, scale_of(flat, heads), segment, list(EPS), NORMALIZER)
-    compiled = torch.compile(
-        lambda *leaves: gla_core._gla_core(*leaves, *args)[0],
-        backend=aot_autograd(fw_compiler=keep("forward"), bw_compiler=keep("backward")),
-        fullgraph=True,
-    )
+    backend = aot_autograd(fw_compiler=keep("forward"), bw_compiler=keep("backward"))
     try:
-        compiled(*leaves_of(flat))
+        if os.environ["CORE_CASE"] == "lkat_micro":
+            for module in (gla_core, gla_input, gla_gate, gated_norm, gla_short):
+                module.INTERPRET = True  # the model's dispatch takes the kernels for CPU tensors, as for CUDA ones
+            model = lkat_lens.create_model("lkat_micro", num_classes=10)
+            model.set_backends(attn="short", gla_input="fused", gla_gate="fused", gla_output="fused", gla_core="fused")
+            with torch.autocast("cpu", dtype=torch.bfloat16):
+                torch.compile(model, backend=backend, fullgraph=True)(torch.randn(2, 3, 16, 16))
+        else:
+            heads, T, segment = 2, int(os.environ["CORE_T"]), int(os.environ["CORE_SEGMENT"])
+            flat, _ = make_case(T, heads, 16, 16, 16, torch.bfloat16, True)
+            args = (heads, scale_of(flat, heads), segment, list(EPS), NORMALIZER)
+            compiled = torch.compile(
+                lambda *leaves: gla_core._gla_core(*leaves, *args)[0], backend=backend, fullgraph=True
+            )
+            compiled(*leaves_of(flat))
     except Captured:
         pass
     result = {"analysis_failures": failures}
@@ -124,28 +136,31 @@ def _launch(node, placeholders: set) -> dict:
     }
 
 
-# (tokens, segment): one walk over the sequence, and LKAT's segments (from 512 tokens on: the chunk states' kernels too)
-CASES = {"one_walk": (21, 0), "segments": (600, 128)}
+# (tokens, segment, cores): one core walking the sequence at once, one in LKAT's segments (from 512 tokens on: the
+# chunk states' kernels too), and lkat_micro's training step (4 layers of 21 tokens, each with its core)
+CASES = {"one_walk": (21, 0, 1), "segments": (600, 128, 1), "lkat_micro": (21, 0, 4)}
 
 
 @pytest.fixture(scope="module", params=list(CASES))
 def trace(request) -> dict:
-    T, segment = CASES[request.param]
+    T, segment, cores = CASES[request.param]
     env = {key: value for key, value in os.environ.items() if key != "TRITON_INTERPRET"}
-    env.update(CORE_T=str(T), CORE_SEGMENT=str(segment))
+    env.update(CORE_CASE=request.param, CORE_T=str(T), CORE_SEGMENT=str(segment))
     proc = subprocess.run([sys.executable, __file__], env=env, capture_output=True, text=True, timeout=600)
     lines = [line for line in proc.stdout.splitlines() if line.startswith(PREFIX)]
     assert proc.returncode == 0 and lines, proc.stderr[-4000:]
-    return {"segment": segment, **json.loads(lines[-1].removeprefix(PREFIX))}
+    return {"segment": segment, "cores": cores, **json.loads(lines[-1].removeprefix(PREFIX))}
 
 
 def test_the_core_traces_into_its_kernels_without_a_graph_break(trace: dict) -> None:
     """One forward graph and one backward graph (fullgraph) with the core's kernels, in segments the chunk states'
-    too, each found to write exactly its own outputs."""
+    too, each launched once a core (in lkat_micro, once a layer) and found to write exactly its own outputs."""
     for graph in ("forward", "backward"):
         expected = {**WRITES[graph], **(SEGMENT_WRITES[graph] if trace["segment"] else {})}
-        assert {launch["kernel"]: launch["writes"] for launch in trace[graph]} == expected
-        assert len(trace[graph]) == len(expected)  # each launched once
+        launched = [launch["kernel"] for launch in trace[graph]]
+        assert sorted(launched) == sorted(list(expected) * trace["cores"])
+        for launch in trace[graph]:
+            assert launch["writes"] == expected[launch["kernel"]], launch
 
 
 def test_each_kernel_writes_only_dense_tensors_of_its_own(trace: dict) -> None:
