@@ -23,7 +23,8 @@ and all, and records its nine Triton launches as user-defined kernels, which ind
 (tuned.py says what such a kernel must not take; the gate's and the code's gradients go into dy through dy itself,
 tuned.written_through). The custom op cost every call its dispatch and its Python host code: LKAT-T compiled without
 CUDA graphs trained at 0.44x ViT-T's speed with it, 0.60x traced (0.45x and 0.84x of ViT-T's queued throughput;
-H200, consecutive runs on one machine; benchmarks/README.md); with CUDA graphs 0.59x.
+H200, consecutive runs on one machine); a later run of the traced core gave 0.45x (0.49x queued) beside a faster
+ViT-T process, LKAT-T's own speed unchanged (benchmarks/README.md); with CUDA graphs 0.59x.
 
 The model takes this op when all three paths around the GLA take their kernels, the GLA takes the short kernels and
 no hook point between the pieces is hooked (VisionGLA.fuses_core); otherwise it runs the pieces. With TRITON_INTERPRET=1
