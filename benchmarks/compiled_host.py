@@ -1,0 +1,181 @@
+"""Where a compiled (mode="default", no CUDA graphs) training step's host time goes, ViT against LKAT (issue 19).
+
+Each model `torch.compile(fullgraph=True)` with fused AdamW under bf16 autocast at batch 128, 224², as
+`bench_model.py --compare` times it. Per model: the median synchronised step and the fastest of three queued
+rounds (no stamps), then steps with `perf_counter` around inductor's compiled-graph calls (host ms per graph, keyed
+by its number of inputs: the forward's and the backward's) and around every kernel launch inductor makes
+(`CachingAutotuner.run`: calls and host µs by kernel, user-defined or inductor's, launched by the static launcher or
+Triton's), so the host time outside the two graphs (guards, AOTAutograd's wrappers, gradient accumulation, the
+optimizer) is the step's issue time minus the graphs'; and one step under CUDA's sync debug mode ("warn"), listing any
+call that synchronises. TORCHINDUCTOR_STATIC_LAUNCH_USER_DEFINED_TRITON_KERNELS=1 in the environment launches our
+kernels through inductor's static launcher; `static_user` in the JSON records which ran.
+
+    python benchmarks/compiled_host.py --name compiled_host_tiny
+    TORCHINDUCTOR_STATIC_LAUNCH_USER_DEFINED_TRITON_KERNELS=1 python benchmarks/compiled_host.py --name ..._static
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+import traceback
+import warnings
+from pathlib import Path
+
+import torch
+from bench_model import training_run  # benchmarks/ is the script folder
+from common import dated_result_path, environment, write_result
+from torch._inductor import output_code
+from torch._inductor.runtime import triton_heuristics
+
+ORIGINAL_LAUNCH = triton_heuristics.CachingAutotuner.run
+ORIGINAL_GRAPH_CALL = output_code.CompiledFxGraph.__call__
+launches: dict[tuple, list] = {}
+graph_calls: list[tuple[int, float]] = []
+
+
+def timed_launch(self, *args, **kwargs):
+    """CachingAutotuner.run, its host time added to `launches` under (kernel, user-defined, launcher)."""
+    start = time.perf_counter()
+    try:
+        return ORIGINAL_LAUNCH(self, *args, **kwargs)
+    finally:
+        spent = time.perf_counter() - start
+        launcher = self.launchers[0] if getattr(self, "launchers", None) else None
+        user = self.heuristic_type == triton_heuristics.HeuristicType.USER_AUTOTUNE
+        key = (self.fn.__name__, user, "static" if getattr(launcher, "_is_static", False) else "triton")
+        entry = launches.setdefault(key, [0, 0.0])
+        entry[0] += 1
+        entry[1] += spent
+
+
+def timed_graph_call(self, inputs):
+    """CompiledFxGraph.__call__, its host time appended to `graph_calls` with its number of inputs."""
+    n_inputs, start = len(inputs), time.perf_counter()  # the callee clears the boxed inputs
+    try:
+        return ORIGINAL_GRAPH_CALL(self, inputs)
+    finally:
+        graph_calls.append((n_inputs, time.perf_counter() - start))
+
+
+def median(values: list[float]) -> float:
+    return sorted(values)[len(values) // 2]
+
+
+def stamped_steps(train_step, steps: int) -> list[float]:
+    """Host ms to issue each of `steps` training steps with the graph and launch stamps installed (synchronised
+    after each step, outside its time)."""
+    triton_heuristics.CachingAutotuner.run = timed_launch
+    output_code.CompiledFxGraph.__call__ = timed_graph_call
+    launches.clear()
+    graph_calls.clear()
+    host = []
+    try:
+        for _ in range(steps):
+            start = time.perf_counter()
+            train_step()
+            host.append((time.perf_counter() - start) * 1e3)
+            torch.cuda.synchronize()
+    finally:
+        triton_heuristics.CachingAutotuner.run = ORIGINAL_LAUNCH
+        output_code.CompiledFxGraph.__call__ = ORIGINAL_GRAPH_CALL
+    return host
+
+
+def synchronising_calls(train_step) -> list[str]:
+    """The warnings CUDA's sync debug mode raises during one training step (at most 20)."""
+    torch.cuda.set_sync_debug_mode("warn")
+    try:
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            train_step()
+    finally:
+        torch.cuda.set_sync_debug_mode(0)
+    torch.cuda.synchronize()
+    return [f"{w.message} @ {w.filename}:{w.lineno}" for w in caught if "synchroniz" in str(w.message).lower()][:20]
+
+
+def probe(name: str, steps: int, batch: int) -> dict:
+    """One model's row (module docstring)."""
+    setup = training_run(name, "default", "cuda", batch, 224, tune_first=name.startswith("lkat"))
+    for _ in range(5):
+        setup.train_step()
+    torch.cuda.synchronize()
+    walls = []
+    for _ in range(steps):
+        start = time.perf_counter()
+        setup.train_step()
+        torch.cuda.synchronize()
+        walls.append((time.perf_counter() - start) * 1e3)
+    queued = []
+    for _ in range(3):
+        torch.cuda.synchronize()
+        start = time.perf_counter()
+        for _ in range(steps):
+            setup.train_step()
+        torch.cuda.synchronize()
+        queued.append((time.perf_counter() - start) * 1e3 / steps)
+    host = stamped_steps(setup.train_step, steps)
+    graphs: dict[int, list] = {}
+    for n_inputs, spent in graph_calls:
+        entry = graphs.setdefault(n_inputs, [0, 0.0])
+        entry[0] += 1
+        entry[1] += spent
+    graph_ms = {str(n): {"calls": c / steps, "host_ms": t / steps * 1e3} for n, (c, t) in graphs.items()}
+    rows = sorted(((k, n / steps, s / steps * 1e3) for k, (n, s) in launches.items()), key=lambda r: -r[2])
+    kinds: dict[str, list] = {}
+    for (_, user, launcher), calls, ms in rows:
+        kind = kinds.setdefault(f"{'user-defined' if user else 'inductor'}, {launcher} launcher", [0.0, 0.0])
+        kind[0] += calls
+        kind[1] += ms
+    issue_ms = median(host)
+    result = {
+        "model": name,
+        "step_ms_synchronised": median(walls),
+        "step_ms_queued": min(queued),
+        "host_issue_ms_with_stamps": issue_ms,
+        "graph_calls": graph_ms,
+        "host_ms_outside_graphs": issue_ms - sum(g["host_ms"] for g in graph_ms.values()),
+        "launch_kinds": {k: {"launches": v[0], "host_ms": v[1]} for k, v in kinds.items()},
+        "top_launches": [
+            {"kernel": k[0], "user": k[1], "launcher": k[2], "calls": c, "host_ms": ms, "us_per_call": ms * 1e3 / c}
+            for k, c, ms in rows[:25]
+        ],
+        "syncs": synchronising_calls(setup.train_step),
+    }
+    torch._dynamo.reset()
+    return result
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--size", default="tiny", choices=["tiny", "small", "base"])
+    parser.add_argument("--steps", type=int, default=20)
+    parser.add_argument("--batch", type=int, default=128)
+    parser.add_argument("--models", nargs="+", default=["vit", "lkat"], choices=["vit", "lkat"])
+    parser.add_argument("--name", default=None, help="result name (default compiled_host_<size>)")
+    parser.add_argument("--out", type=Path, default=None)
+    args = parser.parse_args()
+    if not torch.cuda.is_available():
+        raise SystemExit("compiled_host.py needs a CUDA GPU")
+    torch.backends.cuda.matmul.allow_tf32 = True
+    env = environment()
+    out = args.out or dated_result_path(args.name or f"compiled_host_{args.size}", env)
+    payload = {
+        "environment": env,
+        "static_user": torch._inductor.config.static_launch_user_defined_triton_kernels,
+        "batch": args.batch,
+        "rows": [],
+    }
+    for name in (f"{m}_{args.size}_patch16_224" for m in args.models):
+        try:
+            payload["rows"].append(probe(name, args.steps, args.batch))
+        except Exception:
+            payload["rows"].append({"model": name, "error": traceback.format_exc()[-3000:]})
+        write_result(out, payload)
+        row = payload["rows"][-1]
+        print(name, {k: row[k] for k in row if k.startswith(("step", "host"))} if "error" not in row else row["error"])
+
+
+if __name__ == "__main__":
+    main()
