@@ -4,6 +4,7 @@
 # interventions on CUDA against the CPU, as concurrent pytest processes. Logs under $OUT.
 #   bash benchmarks/gpu_checks.sh                      (carry .whl and .gpucache; see gpu_setup.sh)
 #   bash benchmarks/gpu_checks.sh test_gla_short_gpu   (only these files of tests/gpu/)
+#   WORKERS=5 bash benchmarks/gpu_checks.sh test_gla_short_gpu test_gla_gpu   (each file over 5 xdist workers)
 # On a cold machine (no compiled Triton kernels: the cache carries only the tuning) the sixteen files take more than
 # one call; fewer at a time each get more of the 16 cores for their compiles.
 set -u

@@ -7,7 +7,7 @@
 #   --platform manylinux_2_28_x86_64 --platform manylinux2014_x86_64 --platform manylinux_2_17_x86_64 -d .whl \
 #   fla-core==0.6.0 flash-linear-attention==0.6.0 captum==0.9.0 plotly==7.1.0 narwhals dash==4.4.1 flask \
 #   werkzeug blinker itsdangerous click retrying importlib-metadata zipp lazy-importer nest-asyncio janus comm \
-#   pydantic pydantic-core annotated-types typing-inspection typing-extensions
+#   pydantic pydantic-core annotated-types typing-inspection typing-extensions einops pytest-xdist==3.8.0 execnet
 # and carry .whl and .gpucache. After a call, `tar -xf autotune.tar -C .gpucache` here (and, when it came back,
 # `cp inductor.tgz .gpucache/`), and the next call skips the tuning (fla autotunes every new shape on first
 # use, about a minute each) and inductor's compiles it has cached.
@@ -43,12 +43,13 @@ step() {  # step NAME SECONDS COMMAND...: under timeout (at most what is left of
 }
 
 parallel_tests() {  # parallel_tests SECONDS FILE...: tests/gpu/FILE.py as concurrent pytest processes (Triton's
-  # first compiles are CPU-bound and the machine has 16 cores), each under timeout; logs in $OUT/FILE.log
+  # first compiles are CPU-bound and the machine has 16 cores), each under timeout; logs in $OUT/FILE.log. WORKERS=N
+  # splits each file over N pytest-xdist workers (carry its wheels, pytest_xdist and execnet, in .whl)
   local limit=$1 left=$((deadline - SECONDS)) t0=$SECONDS name
   shift
   [ "$left" -lt "$limit" ] && limit=$left
   for name in "$@"; do
-    timeout "$limit" python3 -m pytest -q -m gpu -p no:cacheprovider "tests/gpu/$name.py" > "$OUT/$name.log" 2>&1 &
+    timeout "$limit" python3 -m pytest -q -m gpu -p no:cacheprovider ${WORKERS:+-n "$WORKERS"} "tests/gpu/$name.py" > "$OUT/$name.log" 2>&1 &
   done
   wait
   pkill -9 -f "compile_worke[r]"  # inductor's compile pool outlives a pytest that timeout killed; not in timings
