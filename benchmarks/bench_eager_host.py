@@ -71,8 +71,8 @@ PHASES = ("forward", "backward", "optimizer", "zero_grad", "wait")
 KAN_PATHS = ("auto", "fused", "triton")  # the KAN layers' paths "kan_paths" forces (set_backends(kan=...))
 # the kernels' host functions "inside" times, by the module whose namespace the caller reads them from
 INSIDE = {
-    gla_core: ("gla_qkv_fwd", "gla_gate_fwd", "gla_short_fwd", "gated_norm_fwd",
-               "gated_norm_bwd", "gla_short_bwd", "gla_gate_bwd", "gla_qkv_bwd"),
+    gla_core: ("gla_qkv_fwd", "gla_gate_fwd", "SHORT_FORWARD", "gated_norm_fwd",
+               "gated_norm_bwd", "SHORT_BACKWARD", "gla_gate_bwd", "gla_qkv_bwd"),
     kan_linear: ("backward_and_output",),
 }  # fmt: skip
 

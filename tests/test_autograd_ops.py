@@ -10,6 +10,7 @@ from torch.profiler import ProfilerActivity
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from lkat_lens.kernels import kan_linear, rbf
+from lkat_lens.kernels.autograd_ops import Kernel
 
 GRID = (-2.0, 2.0)
 
@@ -113,3 +114,23 @@ def test_without_gradients_the_caller_runs_the_function_alone(case: str) -> None
     assert torch.equal(graded.detach(), plain) and plain.grad_fn is None
     assert any(n.startswith("Eager_") for n in graded_names), graded_names
     assert not any(n.startswith("Eager_") for n in plain_names), plain_names
+
+
+def test_a_kernel_called_runs_its_function_eagerly_and_is_its_op_in_a_compiled_graph() -> None:
+    """A Kernel called (as the GLA core calls the short GLA's inside its traced autograd.Function): eagerly its
+    function, with no lkat_lens op dispatched; while torch.compile traces, one node of the op; the same values."""
+    kernel = Kernel(rbf._rbf_op, rbf._forward)
+    x, w = torch.randn(4, 6) * 1.5, torch.randn(1, 4)
+    args = (x, w, *GRID, False, torch.float32)
+    with _OpNames() as mode:
+        eager = kernel(*args)
+    assert not [n for n in mode.names if n.startswith("lkat_lens.")], mode.names
+    seen = []
+
+    def backend(gm: torch.fx.GraphModule, example_inputs):
+        seen.extend(str(node.target) for node in gm.graph.nodes if node.op == "call_function")
+        return gm
+
+    compiled = torch.compile(lambda a, b: kernel(a, b, *GRID, False, torch.float32), backend=backend, fullgraph=True)
+    torch.testing.assert_close(compiled(x, w), eager, rtol=0, atol=0)
+    assert [target for target in seen if "lkat_lens" in target] == ["lkat_lens.rbf_grid_linear.default"], seen

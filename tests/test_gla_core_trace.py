@@ -1,6 +1,7 @@
 """torch.compile's trace of the GLA core (kernels/gla_core.py), captured on the CPU: dynamo and AOT autograd trace the
 core's autograd.Function with its host code into graphs whose Triton launches are user-defined kernels, with no graph
-break, and Triton's mutation analysis finds what each kernel writes.
+break, and Triton's mutation analysis finds what each kernel writes; the short GLA's forward and backward stay one
+custom op each (their kernels keep their register caps; gla_core says why).
 
 No kernel runs: the graphs are captured and never executed. dynamo records Triton kernels only where torch finds a
 Triton-capable device, and the mutation analysis builds each kernel's TTIR for the current target, so the child process
@@ -27,27 +28,21 @@ import sys
 import pytest
 
 PREFIX = "TRACE "
-# What each of the core's kernels writes (its outputs and partial sums), by graph
+# What each of the core's traced kernels writes (its outputs and partial sums), by graph
 WRITES = {
     "forward": {
         "_gla_qkv_fwd_kernel": ["k_ptr", "q_ptr", "v_ptr"],
         "_gla_gate_fwd_kernel": ["gk_ptr"],
-        "_gla_short_fwd_intra_kernel": ["oa_ptr"],
-        "_gla_short_fwd_kernel": ["o_ptr"],
         "_gated_norm_fwd_kernel": ["out_ptr"],
     },
     "backward": {
         "_gated_norm_bwd_kernel": ["dg_ptr", "do_ptr", "part_ptr"],
-        "_gla_short_bwd_kernel": ["dg_ptr", "dk_ptr", "dq_ptr", "dv_ptr"],
         "_gla_gate_bwd_kernel": ["dcode_ptr", "part_ptr"],
         "_gla_qkv_bwd_kernel": ["dnw_ptr", "dw_ptr", "dx_ptr"],
     },
 }
-# in segments, the chunk states' kernels too (the scan writes y alone: see chunk_states._scan_rows)
-SEGMENT_WRITES = {
-    "forward": {"_own_states_kernel": ["gl", "x"], "_scan_kernel": ["y"]},
-    "backward": {"_own_state_grads_kernel": ["gl", "x"], "_scan_kernel": ["y"]},
-}
+# The core's custom ops, by graph: the short GLA (in segments with its chunk states' kernels inside)
+OPS = {"forward": ["lkat_lens.gla_short.default"], "backward": ["lkat_lens.gla_short_backward.default"]}
 
 
 def _capture() -> dict:
@@ -120,6 +115,8 @@ def _capture() -> dict:
         placeholders = {node for node in graph.graph.nodes if node.op == "placeholder"}
         wrapper = torch.ops.higher_order.triton_kernel_wrapper_functional
         result[name] = [_launch(node, placeholders) for node in graph.graph.nodes if node.target is wrapper]
+        ours = [node.target for node in graph.graph.nodes if isinstance(node.target, torch._ops.OpOverload)]
+        result[f"{name}_ops"] = [str(op) for op in ours if op.namespace == "lkat_lens"]
     return result
 
 
@@ -136,8 +133,8 @@ def _launch(node, placeholders: set) -> dict:
     }
 
 
-# (tokens, segment, cores): one core walking the sequence at once, one in LKAT's segments (from 512 tokens on: the
-# chunk states' kernels too), and lkat_micro's training step (4 layers of 21 tokens, each with its core)
+# (tokens, segment, cores): one core walking the sequence at once, one in LKAT's segments (from 512 tokens on), and
+# lkat_micro's training step (4 layers of 21 tokens, each with its core)
 CASES = {"one_walk": (21, 0, 1), "segments": (600, 128, 1), "lkat_micro": (21, 0, 4)}
 
 
@@ -153,14 +150,14 @@ def trace(request) -> dict:
 
 
 def test_the_core_traces_into_its_kernels_without_a_graph_break(trace: dict) -> None:
-    """One forward graph and one backward graph (fullgraph) with the core's kernels, in segments the chunk states'
-    too, each launched once a core (in lkat_micro, once a layer) and found to write exactly its own outputs."""
+    """One forward graph and one backward graph (fullgraph) with the core's traced kernels, each launched once a core
+    (in lkat_micro, once a layer) and found to write exactly its own outputs, and the short GLA's op once a core."""
     for graph in ("forward", "backward"):
-        expected = {**WRITES[graph], **(SEGMENT_WRITES[graph] if trace["segment"] else {})}
         launched = [launch["kernel"] for launch in trace[graph]]
-        assert sorted(launched) == sorted(list(expected) * trace["cores"])
+        assert sorted(launched) == sorted(list(WRITES[graph]) * trace["cores"])
         for launch in trace[graph]:
-            assert launch["writes"] == expected[launch["kernel"]], launch
+            assert launch["writes"] == WRITES[graph][launch["kernel"]], launch
+        assert trace[f"{graph}_ops"] == OPS[graph] * trace["cores"]
 
 
 def test_each_kernel_writes_only_dense_tensors_of_its_own(trace: dict) -> None:

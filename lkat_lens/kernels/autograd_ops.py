@@ -16,7 +16,9 @@ the backward op, and with gradients off (inference, analyses under no_grad) the 
 autograd node, nothing saved. The paths compute the same values; the tests hold each op to its torch reference.
 
 `traced` skips the custom op: torch.compile traces the same autograd.Function, its host code and its Triton launches
-(user-defined kernels that inductor launches itself); the GLA core takes it (kernels/gla_core.py says why).
+(user-defined kernels that inductor launches itself); the GLA core takes it (kernels/gla_core.py says why). Inside
+such a traced function a `Kernel` called is its op while torch.compile traces, so that our autotuner still launches
+that op's kernels (the GLA core's short GLA), and its function otherwise.
 """
 
 from __future__ import annotations
@@ -39,6 +41,11 @@ class Kernel(NamedTuple):
 
     op: Any
     function: Callable[..., Any]
+
+    def __call__(self, *args: Any) -> Any:
+        """The op while torch.compile traces (one opaque node, whose function launches the kernels), else the
+        function (no dispatch); no autograd: for code inside an autograd formula, such as a traced one's."""
+        return self.op(*args) if torch.compiler.is_compiling() else self.function(*args)
 
 
 def _eager_function(

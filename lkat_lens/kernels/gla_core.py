@@ -19,12 +19,18 @@ The backward holds the saved tensors until its last kernel (the pieces free each
 per image at the training step's peak.
 
 Under torch.compile the core is no custom op: dynamo traces its autograd.Function (autograd_ops.traced), host code
-and all, and records its nine Triton launches as user-defined kernels, which inductor launches from its generated code
-(tuned.py says what such a kernel must not take; the gate's and the code's gradients go into dy through dy itself,
-tuned.written_through). The custom op cost every call its dispatch and its Python host code: LKAT-T compiled without
-CUDA graphs trained at 0.44x ViT-T's speed with it, 0.60x traced (0.45x and 0.84x of ViT-T's queued throughput;
-H200, consecutive runs on one machine); a later run of the traced core gave 0.45x (0.49x queued) beside a faster
-ViT-T process, LKAT-T's own speed unchanged (benchmarks/README.md); with CUDA graphs 0.59x.
+and all, and records the Triton launches of the input path, the gate and the output path (six kernels) as user-defined
+kernels, which inductor launches from its generated code (tuned.py says what such a kernel must not take; the gate's
+and the code's gradients go into dy through dy itself, tuned.written_through). The custom op cost every call its
+dispatch and its Python host code: LKAT-T compiled without CUDA graphs trained at 0.44x ViT-T's speed with it, 0.60x
+traced (0.45x and 0.84x of ViT-T's queued throughput; H200, consecutive runs on one machine); a later run of the
+traced core gave 0.45x (0.49x queued) beside a faster ViT-T process, LKAT-T's own speed unchanged
+(benchmarks/README.md). The short GLA's forward and backward stay one custom op each (gla_short.SHORT_FORWARD,
+SHORT_BACKWARD), whose kernels our autotuner launches: inductor compiles a user-defined kernel's configurations with
+their warps and stages alone and drops Triton's register cap (`maxnreg`; torch 2.11 to 2.14: `config_to_dict` and the
+compile options carry neither), and at LKAT-T's shape the short kernels' fastest configurations are capped (three
+programs an SM instead of two). Traced, they took 1.024 / 3.267 ms a step forward / backward against 0.694 / 2.765 as
+ops, and LKAT-T under CUDA graphs fell from 0.62x to 0.59x ViT-T (H200, torch 2.11; benchmarks/README.md).
 
 The model takes this op when all three paths around the GLA take their kernels, the GLA takes the short kernels and
 no hook point between the pieces is hooked (VisionGLA.fuses_core); otherwise it runs the pieces. With TRITON_INTERPRET=1
@@ -41,7 +47,7 @@ from .gated_norm import gated_norm_bwd, gated_norm_fwd
 from .gla_gate import affine_grads as gate_affine_grads
 from .gla_gate import gla_gate_bwd, gla_gate_fwd
 from .gla_input import gla_qkv_bwd, gla_qkv_fwd
-from .gla_short import INTERPRET, gla_short_bwd, gla_short_fwd
+from .gla_short import INTERPRET, SHORT_BACKWARD, SHORT_FORWARD
 
 
 def _gate_columns(y: torch.Tensor, key_dim: int, value_dim: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -64,7 +70,7 @@ def gla_core_fwd(
     yg, code = _gate_columns(y, conv_q.shape[0], conv_v.shape[0])
     q, k, v = gla_qkv_fwd(y, (conv_q, conv_k, conv_v), (norm_q, norm_k), cos, sin, heads, (eps[0], eps[1]))
     gk = gla_gate_fwd(code.flatten(0, 1), gate_weight, gate_bias, normalizer).view(B, T, heads, -1)
-    o, h = gla_short_fwd(q, k, v, gk, scale, segment)
+    o, h = SHORT_FORWARD(q, k, v, gk, scale, segment)
     z = gated_norm_fwd(o.flatten(0, 1), _heads(yg, heads), out_weight, out_bias, eps[2]).view(o.shape)
     return z, q, k, v, gk, h, o
 
@@ -86,7 +92,7 @@ def gla_core_bwd(
     do, _, d_out = gated_norm_bwd(o.flatten(0, 1), _heads(yg, heads), out_weight, out_bias,
                                   dz.reshape(-1, *dz.shape[2:]), eps[2], _heads(dyg, heads),
                                   (dy, g_column))  # fmt: skip
-    dq, dk, dv, dgk = gla_short_bwd(q, k, v, gk, h, do.view(o.shape), scale, segment)
+    dq, dk, dv, dgk = SHORT_BACKWARD(q, k, v, gk, h, do.view(o.shape), scale, segment)
     d_gate = gla_gate_bwd(code.flatten(0, 1), gate_weight, gate_bias, dgk.flatten(0, 1).flatten(1), normalizer,
                           dcode.flatten(0, 1), (dy, code_column))[1]  # fmt: skip
     d_conv, d_conv_v, d_norm = gla_qkv_bwd(
