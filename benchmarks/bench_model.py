@@ -395,7 +395,8 @@ def training_run(
     torch.manual_seed(0)
     if name.startswith("lkat"):
         model = lkat_lens.create_model(name, num_classes=1000, img_size=img, **(kwargs or {}))
-        model.set_backends(**(backends or {}))
+        graphs = mode != "eager" and torch._inductor.list_mode_options(mode).get("triton.cudagraphs", False)
+        model.set_backends(**{"cuda_graphs": graphs, **(backends or {})})
     else:
         model = timm.create_model(name, pretrained=False, num_classes=1000, img_size=img, **(kwargs or {}))
     model = model.to(device)

@@ -1,20 +1,22 @@
 """torch.compile's trace of the GLA core (kernels/gla_core.py), captured on the CPU: dynamo and AOT autograd trace the
 core's autograd.Function with its host code into graphs whose Triton launches are user-defined kernels, with no graph
-break, and Triton's mutation analysis finds what each kernel writes; the short GLA's forward and backward stay one
-custom op each (their kernels keep their register caps; gla_core says why).
+break, and Triton's mutation analysis finds what each kernel writes; for CUDA graphs (short_ops, set by
+LKAT.set_backends(cuda_graphs=True)) the short GLA's forward and backward stay one custom op each instead (their
+kernels keep their register caps; gla_core says why).
 
 No kernel runs: the graphs are captured and never executed. dynamo records Triton kernels only where torch finds a
-Triton-capable device, and the mutation analysis builds each kernel's TTIR for the current target, so the child process
-this file starts tells torch that Triton is available and gives Triton an sm_90 target, and has the analysis type a
-Python float as fp64, as inductor passes it (a kernel whose types then disagree fails to build, and the analysis counts
-every input as written). The compiled core's values are the GPU test's (tests/gpu/test_gla_core_gpu.py); what this file
-guards is the tracing itself: a getter dynamo cannot read, a tuple argument (inductor and the mutation analysis take
-none), a `storage_offset` (dynamo traces none), a float scalar used uncast, a kernel that writes a view which is not
-dense (inductor copies such a view wrongly, tuned.written_through). A third case traces a whole compiled lkat_micro
-training step: every layer takes the core, with no graph break (VisionGLA.fuses_core and VisionGLA.core under
-torch.compile). There the kernel modules' INTERPRET flags are set in the child so that the model's dispatch sends CPU
-tensors to the kernels as it sends CUDA tensors; the launches are then the interpreter's (each kernel's own
-configuration instead of its autotuner), with the same kernels and arguments.
+Triton-capable device, and the mutation analysis builds each kernel's TTIR for the current target, so the child
+process this file starts tells torch that Triton is available and gives Triton an sm_90 target, and has the analysis
+type a Python float as fp64, as inductor passes it (a kernel whose types then disagree fails to build, and the
+analysis counts every input as written). The compiled core's values are the GPU test's
+(tests/gpu/test_gla_core_gpu.py); what this file guards is the tracing itself: a getter dynamo cannot read, a tuple
+argument (inductor and the mutation analysis take none), a `storage_offset` (dynamo traces none), a float scalar used
+uncast, a kernel that writes a view which is not dense (inductor copies such a view wrongly, tuned.written_through).
+Two more cases trace a whole compiled lkat_micro training step, as it is and set for CUDA graphs: every layer takes
+the core, with no graph break (VisionGLA.fuses_core and VisionGLA.core under torch.compile). There the kernel
+modules' INTERPRET flags are set in the child so that the model's dispatch sends CPU tensors to the kernels as it
+sends CUDA tensors; the launches are then the interpreter's (each kernel's own configuration instead of its
+autotuner), with the same kernels and arguments.
 """
 
 from __future__ import annotations
@@ -28,20 +30,29 @@ import sys
 import pytest
 
 PREFIX = "TRACE "
-# What each of the core's traced kernels writes (its outputs and partial sums), by graph
+# What each of the core's kernels writes (its outputs and partial sums), by graph
 WRITES = {
     "forward": {
         "_gla_qkv_fwd_kernel": ["k_ptr", "q_ptr", "v_ptr"],
         "_gla_gate_fwd_kernel": ["gk_ptr"],
+        "_gla_short_fwd_intra_kernel": ["oa_ptr"],
+        "_gla_short_fwd_kernel": ["o_ptr"],
         "_gated_norm_fwd_kernel": ["out_ptr"],
     },
     "backward": {
         "_gated_norm_bwd_kernel": ["dg_ptr", "do_ptr", "part_ptr"],
+        "_gla_short_bwd_kernel": ["dg_ptr", "dk_ptr", "dq_ptr", "dv_ptr"],
         "_gla_gate_bwd_kernel": ["dcode_ptr", "part_ptr"],
         "_gla_qkv_bwd_kernel": ["dnw_ptr", "dw_ptr", "dx_ptr"],
     },
 }
-# The core's custom ops, by graph: the short GLA (in segments with its chunk states' kernels inside)
+# in segments, the chunk states' kernels too (the scan writes y alone: see chunk_states._scan_rows)
+SEGMENT_WRITES = {
+    "forward": {"_own_states_kernel": ["gl", "x"], "_scan_kernel": ["y"]},
+    "backward": {"_own_state_grads_kernel": ["gl", "x"], "_scan_kernel": ["y"]},
+}
+# With short_ops, the short GLA's custom ops take the place of its kernels (and, in segments, the chunk states')
+SHORT_KERNELS = {"_gla_short_fwd_intra_kernel", "_gla_short_fwd_kernel", "_gla_short_bwd_kernel"}
 OPS = {"forward": ["lkat_lens.gla_short.default"], "backward": ["lkat_lens.gla_short_backward.default"]}
 
 
@@ -93,17 +104,19 @@ def _capture() -> dict:
 
     backend = aot_autograd(fw_compiler=keep("forward"), bw_compiler=keep("backward"))
     try:
-        if os.environ["CORE_CASE"] == "lkat_micro":
+        short_ops = os.environ["CORE_SHORT_OPS"] == "1"
+        if os.environ["CORE_CASE"].startswith("lkat_micro"):
             for module in (gla_core, gla_input, gla_gate, gated_norm, gla_short):
                 module.INTERPRET = True  # the model's dispatch takes the kernels for CPU tensors, as for CUDA ones
             model = lkat_lens.create_model("lkat_micro", num_classes=10)
-            model.set_backends(attn="short", gla_input="fused", gla_gate="fused", gla_output="fused", gla_core="fused")
+            fused = dict(gla_input="fused", gla_gate="fused", gla_output="fused", gla_core="fused")
+            model.set_backends(attn="short", cuda_graphs=short_ops, **fused)
             with torch.autocast("cpu", dtype=torch.bfloat16):
                 torch.compile(model, backend=backend, fullgraph=True)(torch.randn(2, 3, 16, 16))
         else:
             heads, T, segment = 2, int(os.environ["CORE_T"]), int(os.environ["CORE_SEGMENT"])
             flat, _ = make_case(T, heads, 16, 16, 16, torch.bfloat16, True)
-            args = (heads, scale_of(flat, heads), segment, list(EPS), NORMALIZER)
+            args = (heads, scale_of(flat, heads), segment, list(EPS), NORMALIZER, short_ops)
             compiled = torch.compile(
                 lambda *leaves: gla_core._gla_core(*leaves, *args)[0], backend=backend, fullgraph=True
             )
@@ -133,31 +146,46 @@ def _launch(node, placeholders: set) -> dict:
     }
 
 
-# (tokens, segment, cores): one core walking the sequence at once, one in LKAT's segments (from 512 tokens on), and
-# lkat_micro's training step (4 layers of 21 tokens, each with its core)
-CASES = {"one_walk": (21, 0, 1), "segments": (600, 128, 1), "lkat_micro": (21, 0, 4)}
+# (tokens, segment, cores, short_ops): one core walking the sequence at once, one in LKAT's segments (from 512 tokens
+# on: the chunk states' kernels too), lkat_micro's training step (4 layers of 21 tokens, each with its core), and the
+# same for CUDA graphs (set_backends(cuda_graphs=True): the short GLA as ops)
+CASES = {
+    "one_walk": (21, 0, 1, False),
+    "segments": (600, 128, 1, False),
+    "lkat_micro": (21, 0, 4, False),
+    "lkat_micro_cuda_graphs": (21, 0, 4, True),
+}
 
 
 @pytest.fixture(scope="module", params=list(CASES))
 def trace(request) -> dict:
-    T, segment, cores = CASES[request.param]
+    T, segment, cores, short_ops = CASES[request.param]
     env = {key: value for key, value in os.environ.items() if key != "TRITON_INTERPRET"}
-    env.update(CORE_CASE=request.param, CORE_T=str(T), CORE_SEGMENT=str(segment))
+    env.update(CORE_CASE=request.param, CORE_T=str(T), CORE_SEGMENT=str(segment), CORE_SHORT_OPS=str(int(short_ops)))
     proc = subprocess.run([sys.executable, __file__], env=env, capture_output=True, text=True, timeout=600)
     lines = [line for line in proc.stdout.splitlines() if line.startswith(PREFIX)]
     assert proc.returncode == 0 and lines, proc.stderr[-4000:]
-    return {"segment": segment, "cores": cores, **json.loads(lines[-1].removeprefix(PREFIX))}
+    return {"segment": segment, "cores": cores, "short_ops": short_ops, **json.loads(lines[-1].removeprefix(PREFIX))}
+
+
+def expected_writes(graph: str, segment: int, short_ops: bool) -> dict[str, list[str]]:
+    """The kernels a core launches in `graph` (forward or backward) and what each writes."""
+    if short_ops:
+        return {name: writes for name, writes in WRITES[graph].items() if name not in SHORT_KERNELS}
+    return {**WRITES[graph], **(SEGMENT_WRITES[graph] if segment else {})}
 
 
 def test_the_core_traces_into_its_kernels_without_a_graph_break(trace: dict) -> None:
-    """One forward graph and one backward graph (fullgraph) with the core's traced kernels, each launched once a core
-    (in lkat_micro, once a layer) and found to write exactly its own outputs, and the short GLA's op once a core."""
+    """One forward graph and one backward graph (fullgraph) with the core's kernels, in segments the chunk states'
+    too, each launched once a core (in lkat_micro, once a layer) and found to write exactly its own outputs; for CUDA
+    graphs the short GLA's op once a core in place of its kernels."""
     for graph in ("forward", "backward"):
+        expected = expected_writes(graph, trace["segment"], trace["short_ops"])
         launched = [launch["kernel"] for launch in trace[graph]]
-        assert sorted(launched) == sorted(list(WRITES[graph]) * trace["cores"])
+        assert sorted(launched) == sorted(list(expected) * trace["cores"])
         for launch in trace[graph]:
-            assert launch["writes"] == WRITES[graph][launch["kernel"]], launch
-        assert trace[f"{graph}_ops"] == OPS[graph] * trace["cores"]
+            assert launch["writes"] == expected[launch["kernel"]], launch
+        assert trace[f"{graph}_ops"] == (OPS[graph] * trace["cores"] if trace["short_ops"] else [])
 
 
 def test_each_kernel_writes_only_dense_tensors_of_its_own(trace: dict) -> None:

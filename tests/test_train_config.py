@@ -83,3 +83,21 @@ def test_cuda_runs_take_tf32_and_the_backward_on_the_training_thread():
         torch.autograd.set_multithreading_enabled(True)
         torch.set_num_threads(before[0])
         torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = before[1:]
+
+
+@pytest.mark.parametrize(
+    ("argv", "graphs"),
+    [([], False), (["--compile"], False), (["--compile", "--compile-mode", "reduce-overhead"], True),
+     (["--compile", "--compile-mode", "max-autotune"], True),
+     (["--compile", "--compile-mode", "max-autotune-no-cudagraphs"], False)],
+)  # fmt: skip
+def test_a_compile_mode_with_cuda_graphs_sets_lkat_for_them(argv, graphs):
+    """torch.compile's modes that replay CUDA graphs set the model's GLA layers for them (VisionGLA.cuda_graphs: the
+    core keeps its short kernels as ops); the others, and no compile, leave them as they are."""
+    import lkat_lens
+    from lkat_lens.models.attention import VisionGLA
+
+    model = lkat_lens.create_model("lkat_micro", num_classes=10)
+    lktrain.wrap_model(model, resolve_config(parse(*argv)), DistInfo(0, 1, 0, torch.device("cpu")))
+    layers = [m for m in model.modules() if isinstance(m, VisionGLA)]
+    assert layers and all(layer.cuda_graphs is graphs for layer in layers)

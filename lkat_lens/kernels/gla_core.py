@@ -25,12 +25,15 @@ and the code's gradients go into dy through dy itself, tuned.written_through). T
 dispatch and its Python host code: LKAT-T compiled without CUDA graphs trained at 0.44x ViT-T's speed with it, 0.60x
 traced (0.45x and 0.84x of ViT-T's queued throughput; H200, consecutive runs on one machine); a later run of the
 traced core gave 0.45x (0.49x queued) beside a faster ViT-T process, LKAT-T's own speed unchanged
-(benchmarks/README.md). The short GLA's forward and backward stay one custom op each (gla_short.SHORT_FORWARD,
-SHORT_BACKWARD), whose kernels our autotuner launches: inductor compiles a user-defined kernel's configurations with
-their warps and stages alone and drops Triton's register cap (`maxnreg`; torch 2.11 to 2.14: `config_to_dict` and the
-compile options carry neither), and at LKAT-T's shape the short kernels' fastest configurations are capped (three
-programs an SM instead of two). Traced, they took 1.024 / 3.267 ms a step forward / backward against 0.694 / 2.765 as
-ops, and LKAT-T under CUDA graphs fell from 0.62x to 0.59x ViT-T (H200, torch 2.11; benchmarks/README.md).
+(benchmarks/README.md). Inductor compiles a user-defined kernel's configurations with their warps and stages alone and
+drops Triton's register cap (`maxnreg`; torch 2.11 to 2.14: `config_to_dict` and the compile options carry neither),
+and at LKAT-T's shape the short GLA kernels' fastest configurations are capped (three programs an SM instead of two):
+traced, they took 1.024 / 3.267 ms a step forward / backward, as custom ops launched by our autotuner 0.698 / 2.765
+(CUDA graphs, H200, torch 2.11). A custom op costs host time on every call, though, which CUDA graphs pay once, at
+capture, and a step compiled without them pays each time: there the ops took LKAT-T's compiled inference from 5.2 to
+6.9 ms a step (fastest steps, interleaved in one process; benchmarks/README.md). So `short_ops` (VisionGLA's
+`cuda_graphs`, set by LKAT.set_backends(cuda_graphs=True) and by the trainer for --compile-mode reduce-overhead)
+chooses the ops, and the short kernels are traced otherwise.
 
 The model takes this op when all three paths around the GLA take their kernels, the GLA takes the short kernels and
 no hook point between the pieces is hooked (VisionGLA.fuses_core); otherwise it runs the pieces. With TRITON_INTERPRET=1
@@ -62,15 +65,15 @@ def _heads(x: torch.Tensor, heads: int) -> torch.Tensor:
 
 def gla_core_fwd(
     y, conv_q, conv_k, conv_v, norm_q, norm_k, cos, sin, gate_weight, gate_bias, out_weight, out_bias,
-    heads: int, scale: float, segment: int, eps: list[float], normalizer: float,
+    heads: int, scale: float, segment: int, eps: list[float], normalizer: float, short_ops: bool,
 ) -> tuple[torch.Tensor, ...]:  # fmt: skip
     """(z [B, T, H, V] in y's dtype, then what the backward reads: q, k, v, gk, h, o). eps: q_norm's, k_norm's and
-    g_norm's."""
+    g_norm's; short_ops: the short GLA as its custom op while torch.compile traces (gla_core)."""
     B, T, _ = y.shape
     yg, code = _gate_columns(y, conv_q.shape[0], conv_v.shape[0])
     q, k, v = gla_qkv_fwd(y, (conv_q, conv_k, conv_v), (norm_q, norm_k), cos, sin, heads, (eps[0], eps[1]))
     gk = gla_gate_fwd(code.flatten(0, 1), gate_weight, gate_bias, normalizer).view(B, T, heads, -1)
-    o, h = SHORT_FORWARD(q, k, v, gk, scale, segment)
+    o, h = (SHORT_FORWARD if short_ops else SHORT_FORWARD.function)(q, k, v, gk, scale, segment)
     z = gated_norm_fwd(o.flatten(0, 1), _heads(yg, heads), out_weight, out_bias, eps[2]).view(o.shape)
     return z, q, k, v, gk, h, o
 
@@ -78,6 +81,7 @@ def gla_core_fwd(
 def gla_core_bwd(
     y, conv_q, conv_k, conv_v, norm_q, norm_k, cos, sin, gate_weight, gate_bias, out_weight, out_bias,
     q, k, v, gk, h, o, dz, heads: int, scale: float, segment: int, eps: list[float], normalizer: float,
+    short_ops: bool,
 ) -> tuple[torch.Tensor | None, ...]:  # fmt: skip
     """(dy [B, T, P] contiguous in y's dtype, the convolution weights' gradients stacked and v's apart where its shape
     differs (gla_qkv_bwd's d conv and d conv_v, the latter None otherwise), the q and k norm weights' stacked
@@ -92,7 +96,8 @@ def gla_core_bwd(
     do, _, d_out = gated_norm_bwd(o.flatten(0, 1), _heads(yg, heads), out_weight, out_bias,
                                   dz.reshape(-1, *dz.shape[2:]), eps[2], _heads(dyg, heads),
                                   (dy, g_column))  # fmt: skip
-    dq, dk, dv, dgk = SHORT_BACKWARD(q, k, v, gk, h, do.view(o.shape), scale, segment)
+    short = SHORT_BACKWARD if short_ops else SHORT_BACKWARD.function
+    dq, dk, dv, dgk = short(q, k, v, gk, h, do.view(o.shape), scale, segment)
     d_gate = gla_gate_bwd(code.flatten(0, 1), gate_weight, gate_bias, dgk.flatten(0, 1).flatten(1), normalizer,
                           dcode.flatten(0, 1), (dy, code_column))[1]  # fmt: skip
     d_conv, d_conv_v, d_norm = gla_qkv_bwd(
@@ -143,13 +148,16 @@ def gla_core(
     segment: int,
     eps: tuple[float, float, float],
     normalizer: float,
+    short_ops: bool = False,
 ) -> torch.Tensor:
     """Differentiable GLA core z [B, T, H, V] (y's dtype) of the stacked projection output y [B, T, P]: convs are the
     q, k, v short convolutions' weights [D, 1, TAPS], norms the q and k RMSNorm weights [K / H], rotary the RoPE tables
     cos, sin [T, K / H], gate the forget gate's second Linear (weight [K, R], bias [K]), out_norm g_norm's weight and
     bias [V / H]; segment is gla_short's, eps q_norm's, k_norm's and g_norm's, normalizer gate_logit_normalizer.
-    Gradients reach y and every weight (not the rotary tables). Beyond y's shape and device, the caller checks that the
-    pieces' kernels take their operands (VisionGLA.fuses_core)."""
+    short_ops: under torch.compile, the short GLA's forward and backward as one custom op each instead of traced
+    kernels (for CUDA graphs: the module docstring says why). Gradients reach y and every weight (not the rotary
+    tables). Beyond y's shape and device, the caller checks that the pieces' kernels take their operands
+    (VisionGLA.fuses_core)."""
     width = 2 * (convs[0].shape[0] + convs[2].shape[0]) + gate[0].shape[1]
     if y.dim() != 3 or y.shape[-1] != width or not (y.is_cuda or INTERPRET):
         raise ValueError(
@@ -157,5 +165,5 @@ def gla_core(
             f"weights; got {tuple(y.shape)} on {y.device}"
         )
     y_eps = [float(e) for e in eps]
-    args = (heads, float(scale), int(segment), y_eps, float(normalizer))
+    args = (heads, float(scale), int(segment), y_eps, float(normalizer), bool(short_ops))
     return _gla_core(y, *convs, *norms, *rotary, *gate, *out_norm, *args)[0]

@@ -110,6 +110,9 @@ class VisionGLA(nn.Module):
     in one launch, the backward writing the pieces' gradients into one matrix): with "fused" (or "auto" on CUDA) it
     does whenever the three paths take their kernels, the GLA takes the short kernels (kernels.gla.kernel_path) and no
     hook point between the pieces (hook_q, hook_k, hook_v, hook_gk, hook_pattern) is hooked (`fuses_core`).
+    `cuda_graphs` (False by default; LKAT.set_backends) says the model will run compiled as CUDA graphs: the core then
+    keeps the short GLA as custom ops that our autotuner launches, with their register caps, instead of traced kernels
+    (`kernels.gla_core` says why); it changes nothing eagerly.
     """
 
     def __init__(
@@ -140,6 +143,7 @@ class VisionGLA(nn.Module):
         self.scale = self.head_dim**-0.5  # the query scale; a plain attribute, not a property (see hooks.is_hooked)
         self.gate_logit_normalizer, self.mode = gate_logit_normalizer, mode
         self.input_mode, self.output_mode, self.gate_mode, self.core_mode = "auto", "auto", "auto", "auto"
+        self.cuda_graphs = False
         self.q_proj = nn.Linear(dim, key_dim, bias=False)
         self.k_proj = nn.Linear(dim, key_dim, bias=False)
         self.v_proj = nn.Linear(dim, value_dim, bias=False)
@@ -292,6 +296,7 @@ class VisionGLA(nn.Module):
             segment=gla_short.segment_length(y.shape[1]),
             eps=tuple(norm.eps for norm in norms),
             normalizer=self.gate_logit_normalizer,
+            short_ops=self.cuda_graphs,
         )
 
     def fuses_gate(self, code: torch.Tensor) -> bool:

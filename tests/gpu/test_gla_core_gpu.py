@@ -9,7 +9,7 @@ import pytest
 import torch
 from model_paths import backend_step, errors, lkat_t_and_images
 from test_gla_core import GRADS, bound, core_of, handoff_errors, make_case, outputs_and_grads, reference_of
-from test_gla_core_trace import OPS, WRITES
+from test_gla_core_trace import OPS, SHORT_KERNELS, WRITES
 from tolerance import rel_max
 from torch._inductor.utils import run_and_get_code
 
@@ -51,25 +51,30 @@ def test_lkat_core_matches_the_pieces() -> None:
     assert not model.blocks[0].attn.fuses_core(y.float())  # fp32: fla's fused_recurrent, not the short kernels
 
 
-# The core's traced Triton kernels, by name (both graphs of tests/test_gla_core_trace.py): torch.compile traces the
-# core's autograd.Function and launches them itself; the short GLA's two custom ops launch their own
+# The core's Triton kernels, by name (both graphs of tests/test_gla_core_trace.py, one walk): torch.compile traces the
+# core's autograd.Function and launches them itself; set for CUDA graphs, the short GLA's two custom ops launch theirs
 CORE_KERNELS = {name for kernels in WRITES.values() for name in kernels}
 SHORT_OPS = [op for ops in OPS.values() for op in ops]
 
 
 def test_compiled_lkat_takes_the_core_and_matches_the_pieces() -> None:
-    """torch.compile (fullgraph, bf16 autocast) of a one-block LKAT-T with the core and with the pieces (custom ops):
-    the same closeness to the fp32 eager model, and inductor's generated code launches the core's six traced kernels
-    exactly when the core is asked for, and calls the short GLA's forward and backward ops either way."""
+    """torch.compile (fullgraph, bf16 autocast) of a one-block LKAT-T with the core, with the core set for CUDA graphs
+    and with the pieces (custom ops): the same closeness to the fp32 eager model; inductor's generated code launches
+    the core's nine kernels exactly when the core is asked for, six of them and the short GLA's forward and backward
+    ops when it is set for CUDA graphs, and the pieces call those ops."""
     model, images = lkat_t_and_images(depth=1)
     truth = backend_step(copy.deepcopy(model), images, attn="auto", gla_core="torch")
     measured = {}
-    for mode in ("torch", "fused"):
-        compiled = torch.compile(copy.deepcopy(model).set_backends(attn="auto", gla_core=mode), fullgraph=True)
+    for mode, graphs in (("torch", False), ("fused", False), ("fused", True)):
+        backends = dict(attn="auto", gla_core=mode, cuda_graphs=graphs)
+        compiled = torch.compile(copy.deepcopy(model).set_backends(**backends), fullgraph=True)
         step, code = run_and_get_code(backend_step, compiled, images, autocast=True)
-        measured[mode] = errors(step, truth)
+        measured[mode, graphs] = errors(step, truth)
         launched = {name for name in CORE_KERNELS if any(name in source for source in code)}
-        assert launched == (set() if mode == "torch" else CORE_KERNELS), (mode, launched)
-        assert all(any(op in source for source in code) for op in SHORT_OPS), mode
+        expected = set() if mode == "torch" else CORE_KERNELS - SHORT_KERNELS if graphs else CORE_KERNELS
+        assert launched == expected, (mode, graphs, launched)
+        calls_ops = all(any(op in source for source in code) for op in SHORT_OPS)
+        assert calls_ops == (mode == "torch" or graphs), (mode, graphs)
     torch.compiler.reset()
-    assert measured["fused"] <= 1.01 * measured["torch"] + 1e-6, measured
+    for graphs in (False, True):
+        assert measured["fused", graphs] <= 1.01 * measured["torch", False] + 1e-6, measured
