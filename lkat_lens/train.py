@@ -686,7 +686,9 @@ def wrap_model(model: nn.Module, cfg: TrainConfig, info: lkdist.DistInfo) -> nn.
     if info.distributed:
         forward = DistributedDataParallel(model, device_ids=[info.device.index] if info.device.type == "cuda" else None)
     if cfg.compile:
-        graphs = torch._inductor.list_mode_options(cfg.compile_mode).get("triton.cudagraphs", False)
+        from torch._inductor import list_mode_options  # here: the trainer's import stays light without --compile
+
+        graphs = list_mode_options(cfg.compile_mode).get("triton.cudagraphs", False)
         if graphs and hasattr(model, "set_backends"):
             model.set_backends(cuda_graphs=True)  # LKAT's GLA core keeps its short kernels as ops (kernels/gla_core.py)
         forward = torch.compile(forward, mode=cfg.compile_mode)

@@ -32,8 +32,8 @@ traced, they took 1.024 / 3.267 ms a step forward / backward, as custom ops laun
 (CUDA graphs, H200, torch 2.11). A custom op costs host time on every call, though, which CUDA graphs pay once, at
 capture, and a step compiled without them pays each time: there the ops took LKAT-T's compiled inference from 5.2 to
 6.9 ms a step (fastest steps, interleaved in one process; benchmarks/README.md). So `short_ops` (VisionGLA's
-`cuda_graphs`, set by LKAT.set_backends(cuda_graphs=True) and by the trainer for --compile-mode reduce-overhead)
-chooses the ops, and the short kernels are traced otherwise.
+`cuda_graphs`, set by LKAT.set_backends(cuda_graphs=True) and by the trainer for the compile modes that replay CUDA
+graphs) chooses the ops, and the short kernels are traced otherwise.
 
 The model takes this op when all three paths around the GLA take their kernels, the GLA takes the short kernels and
 no hook point between the pieces is hooked (VisionGLA.fuses_core); otherwise it runs the pieces. With TRITON_INTERPRET=1

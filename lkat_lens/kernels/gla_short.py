@@ -587,8 +587,8 @@ def _backward(ctx, do: torch.Tensor, _dh, kernel) -> tuple:
     return (*kernel(*ctx.saved_tensors, do, *ctx.args), None, None)
 
 
-# The forward and the backward as kernels.Kernel: gla_core calls them inside its traced autograd.Function, where
-# torch.compile keeps each one opaque op launched by our autotuner (gla_core says why)
+# The forward and the backward as kernels.Kernel: set for CUDA graphs, gla_core calls them inside its traced
+# autograd.Function, where torch.compile keeps each one opaque op launched by our autotuner (gla_core says why)
 SHORT_FORWARD = Kernel(_gla_short_op, gla_short_fwd)
 SHORT_BACKWARD = Kernel(_gla_short_backward_op, gla_short_bwd)
 _gla_short = differentiable(SHORT_FORWARD, SHORT_BACKWARD, _backward, _setup_context)
