@@ -20,23 +20,12 @@ import time
 from pathlib import Path
 
 import torch
-from bench_model import training_run  # benchmarks/ is the script folder
+from bench_eager_host import synchronised_ms  # benchmarks/ is the script folder
+from bench_model import training_run
 from common import dated_result_path, environment, write_result
 
 RUNS = ("vit", "traced", "ops")
 PHASES = ("train_step", "infer")
-
-
-def steps_ms(fn, n: int) -> list[float]:
-    """Milliseconds of each of n synchronised calls of fn."""
-    times = []
-    for _ in range(n):
-        torch.cuda.synchronize()
-        start = time.perf_counter()
-        fn()
-        torch.cuda.synchronize()
-        times.append((time.perf_counter() - start) * 1e3)
-    return times
 
 
 def summary(rounds: list[dict]) -> dict:
@@ -85,7 +74,7 @@ def main() -> None:
         for name in RUNS[index % 3 :] + RUNS[: index % 3]:
             for phase in PHASES:
                 runs[name].model.train(phase == "train_step")
-                ms = steps_ms(getattr(runs[name], phase), args.iters)
+                ms = synchronised_ms(getattr(runs[name], phase), args.iters)
                 row[f"{name} {phase}"] = {"median": statistics.median(ms), "min": min(ms)}
         result["rounds"].append(row)
         print(index, {key: round(value["median"], 2) for key, value in row.items()}, flush=True)

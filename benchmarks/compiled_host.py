@@ -23,7 +23,8 @@ import warnings
 from pathlib import Path
 
 import torch
-from bench_model import training_run  # benchmarks/ is the script folder
+from bench_eager_host import synchronised_ms  # benchmarks/ is the script folder
+from bench_model import training_run
 from common import dated_result_path, environment, write_result
 from torch._inductor import output_code
 from torch._inductor.runtime import triton_heuristics
@@ -100,13 +101,7 @@ def probe(name: str, steps: int, batch: int) -> dict:
     setup = training_run(name, "default", "cuda", batch, 224, tune_first=name.startswith("lkat"))
     for _ in range(5):
         setup.train_step()
-    torch.cuda.synchronize()
-    walls = []
-    for _ in range(steps):
-        start = time.perf_counter()
-        setup.train_step()
-        torch.cuda.synchronize()
-        walls.append((time.perf_counter() - start) * 1e3)
+    walls = synchronised_ms(setup.train_step, steps)
     queued = []
     for _ in range(3):
         torch.cuda.synchronize()
