@@ -59,6 +59,7 @@ import lkat_lens
 from lkat_lens.kernels import kan_dispatch
 from lkat_lens.models.attention import INPUT_MODES, PATH_MODES
 from lkat_lens.models.patch_embed import PatchEmbed
+from lkat_lens.train_config import replays_cuda_graphs
 
 SIZES = {"tiny": "T", "small": "S", "base": "B"}
 PAPER = "paper config"
@@ -395,7 +396,7 @@ def training_run(
     torch.manual_seed(0)
     if name.startswith("lkat"):
         model = lkat_lens.create_model(name, num_classes=1000, img_size=img, **(kwargs or {}))
-        graphs = mode != "eager" and torch._inductor.list_mode_options(mode).get("triton.cudagraphs", False)
+        graphs = mode != "eager" and replays_cuda_graphs(mode)
         model.set_backends(**{"cuda_graphs": graphs, **(backends or {})})
     else:
         model = timm.create_model(name, pretrained=False, num_classes=1000, img_size=img, **(kwargs or {}))

@@ -24,7 +24,7 @@ from pathlib import Path
 
 import torch
 from bench_eager_host import synchronised_ms  # benchmarks/ is the script folder
-from bench_model import training_run
+from bench_model import pipelined_ms, training_run
 from common import dated_result_path, environment, write_result
 from torch._inductor import output_code
 from torch._inductor.runtime import triton_heuristics
@@ -102,14 +102,7 @@ def probe(name: str, steps: int, batch: int) -> dict:
     for _ in range(5):
         setup.train_step()
     walls = synchronised_ms(setup.train_step, steps)
-    queued = []
-    for _ in range(3):
-        torch.cuda.synchronize()
-        start = time.perf_counter()
-        for _ in range(steps):
-            setup.train_step()
-        torch.cuda.synchronize()
-        queued.append((time.perf_counter() - start) * 1e3 / steps)
+    queued = pipelined_ms(setup.train_step, steps, "cuda")
     host = stamped_steps(setup.train_step, steps)
     graphs: dict[int, list] = {}
     for n_inputs, spent in graph_calls:
@@ -127,7 +120,7 @@ def probe(name: str, steps: int, batch: int) -> dict:
     result = {
         "model": name,
         "step_ms_synchronised": median(walls),
-        "step_ms_queued": min(queued),
+        "step_ms_queued": queued,
         "host_issue_ms_with_stamps": issue_ms,
         "graph_calls": graph_ms,
         "host_ms_outside_graphs": issue_ms - sum(g["host_ms"] for g in graph_ms.values()),

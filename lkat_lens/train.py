@@ -45,7 +45,7 @@ from .checkpoint import (
 from .models import VARIANTS, create_model
 from .seeding import epoch_seed, rng_state, seed_all, set_rng_state
 from .telemetry import Telemetry, probe_batch
-from .train_config import COMPILE_MODES, FALLBACK_MODEL, TrainConfig, UsageError, resolve_config
+from .train_config import COMPILE_MODES, FALLBACK_MODEL, TrainConfig, UsageError, replays_cuda_graphs, resolve_config
 
 
 class CheckpointWriteError(RuntimeError):
@@ -686,10 +686,7 @@ def wrap_model(model: nn.Module, cfg: TrainConfig, info: lkdist.DistInfo) -> nn.
     if info.distributed:
         forward = DistributedDataParallel(model, device_ids=[info.device.index] if info.device.type == "cuda" else None)
     if cfg.compile:
-        from torch._inductor import list_mode_options  # here: the trainer's import stays light without --compile
-
-        graphs = list_mode_options(cfg.compile_mode).get("triton.cudagraphs", False)
-        if graphs and hasattr(model, "set_backends"):
+        if replays_cuda_graphs(cfg.compile_mode) and hasattr(model, "set_backends"):
             model.set_backends(cuda_graphs=True)  # LKAT's GLA core keeps its short kernels as ops (kernels/gla_core.py)
         forward = torch.compile(forward, mode=cfg.compile_mode)
     return forward

@@ -21,6 +21,13 @@ COMPILE_MODES = ("default", "reduce-overhead", "max-autotune", "max-autotune-no-
 MACHINE_FLAGS = ("workers", "data_dir", "download", "cache_images")
 
 
+def replays_cuda_graphs(compile_mode: str) -> bool:
+    """Whether torch.compile's `compile_mode` replays the step as CUDA graphs (its options set triton.cudagraphs)."""
+    from torch._inductor import list_mode_options  # here: importing the config stays light
+
+    return bool(list_mode_options(compile_mode).get("triton.cudagraphs", False))
+
+
 class UsageError(ValueError):
     """A bad flag value or combination (a user error)."""
 
