@@ -71,7 +71,7 @@ def main() -> None:
         result["compile_s"][name] = time.time() - start
     for index in range(args.rounds):
         row = {}
-        for name in RUNS[index % 3 :] + RUNS[: index % 3]:
+        for name in RUNS[index % len(RUNS) :] + RUNS[: index % len(RUNS)]:
             for phase in PHASES:
                 runs[name].model.train(phase == "train_step")
                 ms = synchronised_ms(getattr(runs[name], phase), args.iters)
