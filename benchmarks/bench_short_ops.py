@@ -15,32 +15,21 @@ taken in one round compare.
 from __future__ import annotations
 
 import argparse
-import statistics
 import time
 from pathlib import Path
 
 import torch
-from bench_eager_host import synchronised_ms  # benchmarks/ is the script folder
-from bench_model import training_run
-from common import dated_result_path, environment, write_result
+from bench_model import training_run  # benchmarks/ is the script folder
+from common import dated_result_path, environment
+from interleaved import ratio_summary, run_and_write, warm
 
 RUNS = ("vit", "traced", "ops")
-PHASES = ("train_step", "infer")
+PAIRS = [(name, "vit") for name in RUNS[1:]]  # each LKAT run against ViT
 
 
 def summary(rounds: list[dict]) -> dict:
     """Each LKAT run's ratio to ViT (ViT's step time over its own) by phase: per round, their median, fastest steps."""
-    out = {}
-    for phase in PHASES:
-        for name in RUNS[1:]:
-            ratios = [r[f"vit {phase}"]["median"] / r[f"{name} {phase}"]["median"] for r in rounds]
-            fastest = min(r[f"vit {phase}"]["min"] for r in rounds) / min(r[f"{name} {phase}"]["min"] for r in rounds)
-            out[f"{name} {phase} x vit"] = {
-                "per_round_median": ratios,
-                "median": statistics.median(ratios),
-                "fastest_steps": fastest,
-            }
-    return out
+    return ratio_summary(rounds, PAIRS)
 
 
 def main() -> None:
@@ -56,33 +45,16 @@ def main() -> None:
     torch.backends.cuda.matmul.allow_tf32 = True
     env = environment()
     out = args.out or dated_result_path(f"bench_short_ops_{args.size}_{args.mode}", env)
-    result: dict = {"environment": env, "size": args.size, "mode": args.mode, "compile_s": {}, "rounds": []}
+    result: dict = {"environment": env, "size": args.size, "mode": args.mode, "compile_s": {}}
     runs = {}
     for name in RUNS:
         start = time.time()
         model = f"{'vit' if name == 'vit' else 'lkat'}_{args.size}_patch16_224"
         backends = None if name == "vit" else {"cuda_graphs": name == "ops"}
         runs[name] = training_run(model, args.mode, "cuda", 128, 224, backends=backends, tune_first=name != "vit")
-        for phase in PHASES:  # compiles both graphs (and records them under CUDA graphs)
-            runs[name].model.train(phase == "train_step")
-            for _ in range(3):
-                getattr(runs[name], phase)()
-        torch.cuda.synchronize()
+        warm(runs[name])
         result["compile_s"][name] = time.time() - start
-    for index in range(args.rounds):
-        row = {}
-        for name in RUNS[index % len(RUNS) :] + RUNS[: index % len(RUNS)]:
-            for phase in PHASES:
-                runs[name].model.train(phase == "train_step")
-                ms = synchronised_ms(getattr(runs[name], phase), args.iters)
-                row[f"{name} {phase}"] = {"median": statistics.median(ms), "min": min(ms)}
-        result["rounds"].append(row)
-        print(index, {key: round(value["median"], 2) for key, value in row.items()}, flush=True)
-        write_result(out, result)
-    result["summary"] = summary(result["rounds"])
-    write_result(out, result)
-    for key, value in result["summary"].items():
-        print(f"{key}: median {value['median']:.3f}, fastest steps {value['fastest_steps']:.3f}")
+    run_and_write(runs, PAIRS, args, result, out)
 
 
 if __name__ == "__main__":
