@@ -11,7 +11,7 @@ from typing import Any
 import torch
 from timm.data import Mixup
 from timm.loss import LabelSmoothingCrossEntropy, SoftTargetCrossEntropy
-from timm.optim import create_optimizer_v2
+from timm.optim import create_optimizer_v2, param_groups_weight_decay
 from timm.scheduler import create_scheduler_v2
 from timm.scheduler.scheduler import Scheduler
 from torch import nn
@@ -212,9 +212,18 @@ def build_loss(recipe: Recipe) -> nn.Module:
     return nn.CrossEntropyLoss()
 
 
-def build_optimizer(model: nn.Module, recipe: Recipe, *, lr: float, weight_decay: float) -> torch.optim.Optimizer:
-    """timm's optimizer factory; biases, norms and the model's no_weight_decay() set get no decay."""
-    return create_optimizer_v2(model, opt=recipe.opt, lr=lr, weight_decay=weight_decay)
+def param_groups(model: nn.Module, weight_decay: float) -> list[dict[str, Any]]:
+    """timm's weight-decay groups of `model`'s trainable parameters: biases, norms and the model's no_weight_decay()
+    set get no decay (what timm's optimizer factory builds from a model)."""
+    no_decay = getattr(model, "no_weight_decay", set)()
+    return param_groups_weight_decay(model, weight_decay=weight_decay, no_weight_decay_list=no_decay)
+
+
+def build_optimizer(
+    params: nn.Module | list[dict[str, Any]], recipe: Recipe, *, lr: float, weight_decay: float
+) -> torch.optim.Optimizer:
+    """timm's optimizer factory over a model (grouped by `param_groups`) or over groups of parameters already made."""
+    return create_optimizer_v2(params, opt=recipe.opt, lr=lr, weight_decay=weight_decay)
 
 
 def build_scheduler(
