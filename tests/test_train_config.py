@@ -101,3 +101,15 @@ def test_a_compile_mode_with_cuda_graphs_sets_lkat_for_them(argv, graphs):
     lktrain.wrap_model(model, resolve_config(parse(*argv)), DistInfo(0, 1, 0, torch.device("cpu")))
     layers = [m for m in model.modules() if isinstance(m, VisionGLA)]
     assert layers and all(layer.cuda_graphs is graphs for layer in layers)
+
+
+@pytest.mark.parametrize(
+    ("argv", "flat"),
+    [([], False), (["--compile"], True), (["--compile", "--compile-mode", "reduce-overhead"], False),
+     (["--compile", "--compile-mode", "max-autotune"], False),
+     (["--compile", "--compile-mode", "max-autotune-no-cudagraphs"], True)],
+)  # fmt: skip
+def test_compiled_runs_without_cuda_graphs_train_through_flat_parameters(argv, flat):
+    """The modes whose steps are bound by the host (compiled, no CUDA graphs) flatten the parameters; eager runs and
+    CUDA graphs keep them as they are (lkat_lens.flat_params; tests/test_flat_params.py trains through them)."""
+    assert lktrain.flattens_parameters(resolve_config(parse(*argv))) is flat
