@@ -56,9 +56,11 @@ from common import dated_result_path, environment, write_result  # benchmarks/ i
 from profile_step import TOP, profile_step
 
 import lkat_lens
+from lkat_lens.flat_params import FlatParameters
 from lkat_lens.kernels import kan_dispatch
 from lkat_lens.models.attention import INPUT_MODES, PATH_MODES
 from lkat_lens.models.patch_embed import PatchEmbed
+from lkat_lens.recipe import param_groups
 from lkat_lens.train_config import replays_cuda_graphs
 
 SIZES = {"tiny": "T", "small": "S", "base": "B"}
@@ -386,13 +388,16 @@ class TrainingRun:
     x: torch.Tensor  # the images of every step
     train_step: Callable[[], None]  # forward, backward and a fused AdamW step under bf16 autocast
     infer: Callable[[], None]  # a bf16-autocast forward without gradients
+    optimizer: torch.optim.Optimizer  # over the model's parameters, or over its flats
 
 
 def training_run(
-    name: str, mode: str, device: str, batch: int, img: int, kwargs=None, backends=None, tune_first=False
+    name: str, mode: str, device: str, batch: int, img: int, kwargs=None, backends=None, tune_first=False, flat=False
 ) -> TrainingRun:
     """timm's ViT or LKAT `name` (with `kwargs`, LKAT's `backends`), eager or torch.compile(mode, fullgraph=True),
-    fused AdamW, and a batch of `batch` random images at `img`², as --compare and host_timeline.py time them."""
+    fused AdamW, and a batch of `batch` random images at `img`², as --compare and host_timeline.py time them. With
+    `flat` its parameters live in flats per weight-decay group and block (lkat_lens.flat_params), as the trainer
+    holds them when it compiles."""
     torch.manual_seed(0)
     if name.startswith("lkat"):
         model = lkat_lens.create_model(name, num_classes=1000, img_size=img, **(kwargs or {}))
@@ -401,13 +406,15 @@ def training_run(
     else:
         model = timm.create_model(name, pretrained=False, num_classes=1000, img_size=img, **(kwargs or {}))
     model = model.to(device)
-    run = model if mode == "eager" else torch.compile(model, mode=mode, fullgraph=True)
-    opt = torch.optim.AdamW(model.parameters(), lr=1e-4, fused=device == "cuda")
     x = torch.randn(batch, 3, img, img, device=device)
     y = torch.randint(0, 1000, (batch,), device=device)
-    graphs = mode == "reduce-overhead"
     if tune_first and name.startswith("lkat"):
         tune_kernels(model, x, y)
+    groups = param_groups(model, 0.01) if flat else [{"params": list(model.parameters())}]  # 0.01: AdamW's default
+    net = FlatParameters(model, groups) if flat else model
+    run = net if mode == "eager" else torch.compile(net, mode=mode, fullgraph=True)
+    opt = torch.optim.AdamW(net.param_groups if flat else groups, lr=1e-4, fused=device == "cuda")
+    graphs = mode == "reduce-overhead"
 
     def train_step():
         if graphs:
@@ -424,7 +431,7 @@ def training_run(
         with torch.no_grad(), torch.autocast(device, dtype=torch.bfloat16):
             run(x)
 
-    return TrainingRun(model, x, train_step, infer)
+    return TrainingRun(model, x, train_step, infer, opt)
 
 
 def _compare_measure(name: str, kwargs: dict, backends: dict, mode: str, args: argparse.Namespace) -> dict:
