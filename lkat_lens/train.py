@@ -270,10 +270,10 @@ class Run:
     step: int = 0  # optimizer steps taken
     metrics: list[dict[str, Any]] = field(default_factory=list)
     telemetry: Telemetry | None = None  # rank 0 of a run with telemetry on
-    flat: FlatParameters | None = None  # compiled runs: `model`'s trainable parameters as views of a few flats
+    flat: FlatParameters | None = None  # compiled without CUDA graphs: `model`'s parameters as views of a few flats
 
     def trained_parameters(self) -> list[nn.Parameter]:
-        """The tensors the optimizer updates (a compiled run's flats, else the model's parameters)."""
+        """The tensors the optimizer updates (the flats of a run that has them, else the model's parameters)."""
         return [p for group in self.optimizer.param_groups for p in group["params"]]
 
     def optimizer_state(self) -> dict[str, Any]:
@@ -282,7 +282,7 @@ class Run:
         return state if self.flat is None else self.flat.unflatten_optimizer_state(state)
 
     def parameter_gradients(self) -> AbstractContextManager:
-        """Within: every model parameter's .grad holds its last gradient (a compiled run's flats expose theirs)."""
+        """Within: every model parameter's .grad holds its last gradient (a run's flats expose theirs)."""
         return nullcontext() if self.flat is None else self.flat.gradients_exposed()
 
     @property
