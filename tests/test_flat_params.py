@@ -4,8 +4,11 @@ from __future__ import annotations
 
 import copy
 
+import flat_ddp_worker
 import pytest
 import torch
+import torch.multiprocessing as mp
+from local_server import free_port
 from timm.models.vision_transformer import VisionTransformer
 from tolerance import assert_close
 
@@ -178,3 +181,16 @@ def test_a_compiled_run_trains_flat_and_writes_checkpoints_as_an_eager_run_does(
 def resume(checkpoint, *extra: str) -> lktrain.Run:
     args = lktrain.build_parser().parse_args(["--resume", str(checkpoint), "--threads", "1", *extra])
     return lktrain.setup_run(args, lkdist.setup(args.device))
+
+
+def test_ddp_over_the_flats_averages_the_gradients_of_one_process(tmp_path):
+    """Two gloo ranks, DDP over the flattened lkat_micro, half the batch each: every parameter's gradient is the one
+    the model as it is takes from the whole batch in one process."""
+    out = tmp_path / "grads.pt"
+    mp.spawn(flat_ddp_worker.worker, args=(free_port(), str(out)), nprocs=2, join=True)
+    model = flat_ddp_worker.seeded_model()
+    images, labels = flat_ddp_worker.seeded_batch()
+    torch.nn.functional.cross_entropy(model(images), labels).backward()
+    got = torch.load(out, weights_only=True)
+    for name, p in model.named_parameters():
+        assert_close(got[name], p.grad, msg=name)
