@@ -8,7 +8,6 @@ its base in one process, round after round with the order rotating, and only rat
 from __future__ import annotations
 
 import statistics
-import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
@@ -20,15 +19,13 @@ from common import write_result
 PHASES = ("train_step", "infer")
 
 
-def warm(run: TrainingRun) -> float:
-    """Three steps of each phase (compiling both graphs, recording them under CUDA graphs); seconds taken."""
-    start = time.time()
+def warm(run: TrainingRun) -> None:
+    """Three steps of each phase (compiling both graphs, recording them under CUDA graphs)."""
     for phase in PHASES:
         run.model.train(phase == "train_step")
         for _ in range(3):
             getattr(run, phase)()
     torch.cuda.synchronize()
-    return time.time() - start
 
 
 def timed_rounds(runs: dict[str, TrainingRun], rounds: int, iters: int, on_round: Callable[[list], None]) -> list:
