@@ -281,9 +281,11 @@ class Run:
         state = self.optimizer.state_dict()
         return state if self.flat is None else self.flat.unflatten_optimizer_state(state)
 
-    def parameter_gradients(self) -> AbstractContextManager:
-        """Within: every model parameter's .grad holds its last gradient (a run's flats expose theirs)."""
-        return nullcontext() if self.flat is None else self.flat.gradients_exposed()
+    def record_telemetry(self, kind: str) -> None:
+        """A telemetry record of the model as it stands, every parameter's .grad its last gradient (a run's flats
+        lend theirs for the record)."""
+        with nullcontext() if self.flat is None else self.flat.gradients_exposed():
+            self.telemetry.record(self.model, kind=kind, epoch=self.epoch, step=self.step)
 
     @property
     def best_top1(self) -> float:
@@ -477,8 +479,7 @@ def train_one_epoch(run: Run) -> dict[str, float]:
         if run.ema is not None:
             run.ema.update(run.model, step=run.step)
         if run.telemetry is not None and cfg.telemetry_every and run.step % cfg.telemetry_every == 0:
-            with run.parameter_gradients():
-                run.telemetry.record(run.model, kind="step", epoch=run.epoch, step=run.step)
+            run.record_telemetry("step")
         images_seen += images.shape[0]
         if value is not None:
             bar.set_postfix(loss=f"{value:.4f}", refresh=False)
@@ -818,8 +819,7 @@ def train(run: Run) -> None:
         is_best = stats["val_top1"] > run.best_top1
         run.metrics.append(stats)
         if run.telemetry is not None:  # before last.pt: a record past the checkpoint is dropped on resume
-            with run.parameter_gradients():
-                run.telemetry.record(run.model, kind="epoch", epoch=run.epoch, step=run.step)
+            run.record_telemetry("epoch")
         rngs = lkdist.gather_objects(rng_state(info.device), info.world_size)
         if info.is_main:
             try:

@@ -17,6 +17,7 @@ from lkat_lens import distributed as lkdist
 from lkat_lens import recipe as lkrecipe
 from lkat_lens import train as lktrain
 from lkat_lens.flat_params import FlatParameters, block_of
+from lkat_lens.telemetry_records import read_telemetry
 
 WEIGHT_DECAY = 0.05
 
@@ -144,15 +145,17 @@ def test_torch_compile_traces_the_flattened_model_as_one_graph():
 
 
 def make_run(tmp_path, name: str, *extra: str) -> lktrain.Run:
-    words = f"--max-steps 2 --epochs 1 --batch-size 32 --threads 1 --no-telemetry --out-dir {tmp_path} --name {name}"
+    words = (
+        f"--max-steps 2 --epochs 1 --batch-size 32 --threads 1 --telemetry-every 1 --out-dir {tmp_path} --name {name}"
+    )
     args = lktrain.build_parser().parse_args([*words.split(), *extra])
     return lktrain.setup_run(args, lkdist.setup(args.device))
 
 
 def test_a_compiled_run_trains_flat_and_writes_checkpoints_as_an_eager_run_does(tmp_path):
     """--compile flattens the model; run here through the flats uncompiled (inductor on this CPU takes minutes), it
-    trains as the eager run does, and its checkpoint holds the per-parameter optimizer state an eager run writes, and
-    resumes into an eager run."""
+    trains as the eager run does, its telemetry reads the same gradient norms per block, its checkpoint holds the
+    per-parameter optimizer state an eager run writes, and each run's checkpoint resumes into the other kind."""
     eager = make_run(tmp_path, "eager")
     lktrain.train(eager)
     flat = make_run(tmp_path, "flat", "--compile")  # set up after the eager run: setting up seeds the run
@@ -168,6 +171,11 @@ def test_a_compiled_run_trains_flat_and_writes_checkpoints_as_an_eager_run_does(
     for index, state in a["optimizer"]["state"].items():
         for key, value in state.items():
             assert_close(b["optimizer"]["state"][index][key], value, msg=f"{index} {key}")
+    records = [read_telemetry(tmp_path / name) for name in ("eager", "flat")]
+    assert [r["kind"] for r in records[1]] == ["step", "step", "epoch"]
+    for want, got in zip(*records, strict=True):
+        norms = [(b["grad_norm"], c["grad_norm"]) for b, c in zip(want["blocks"], got["blocks"], strict=True)]
+        assert all(g is not None and g == pytest.approx(w, rel=1e-5) for w, g in norms), (want["kind"], norms)
     into_eager = resume(tmp_path / "flat" / "last.pt")
     into_flat = resume(tmp_path / "eager" / "last.pt", "--compile")
     assert into_eager.flat is None and into_flat.flat is not None and into_eager.step == into_flat.step == 2
