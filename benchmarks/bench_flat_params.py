@@ -13,14 +13,10 @@ flattened model against itself as it is.
 
 from __future__ import annotations
 
-import argparse
 import time
-from pathlib import Path
 
-import torch
 from bench_model import training_run  # benchmarks/ is the script folder
-from common import dated_result_path, environment
-from interleaved import run_and_write, warm
+from interleaved import parser, prepared, run_and_write, warm
 
 RUNS = ("vit", "vit_flat", "lkat", "lkat_flat")
 PAIRS = [
@@ -33,20 +29,10 @@ PAIRS = [
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--size", default="tiny", choices=["tiny", "small", "base"])
-    parser.add_argument(
-        "--mode", default="default", help="torch.compile's mode (not eager: the trainer flattens only compiled runs)"
-    )
-    parser.add_argument("--rounds", type=int, default=8)
-    parser.add_argument("--iters", type=int, default=10)
-    parser.add_argument("--out", type=Path, default=None)
-    args = parser.parse_args()
-    if not torch.cuda.is_available():
-        raise SystemExit("bench_flat_params.py needs a CUDA GPU")
-    torch.backends.cuda.matmul.allow_tf32 = True
-    env = environment()
-    out = args.out or dated_result_path(f"bench_flat_params_{args.size}_{args.mode}", env)
+    args = parser(
+        __doc__, rounds=8, mode_help="torch.compile's mode (not eager: the trainer flattens only compiled runs)"
+    ).parse_args()
+    env, out = prepared(args, "bench_flat_params")
     result: dict = {"environment": env, "size": args.size, "mode": args.mode, "compile_s": {}, "tensors": {}}
     runs = {}
     for name in RUNS:

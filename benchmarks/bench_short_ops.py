@@ -14,14 +14,10 @@ taken in one round compare.
 
 from __future__ import annotations
 
-import argparse
 import time
-from pathlib import Path
 
-import torch
 from bench_model import training_run  # benchmarks/ is the script folder
-from common import dated_result_path, environment
-from interleaved import ratio_summary, run_and_write, warm
+from interleaved import parser, prepared, ratio_summary, run_and_write, warm
 
 RUNS = ("vit", "traced", "ops")
 PAIRS = [(name, "vit") for name in RUNS[1:]]  # each LKAT run against ViT
@@ -33,18 +29,8 @@ def summary(rounds: list[dict]) -> dict:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--size", default="tiny", choices=["tiny", "small", "base"])
-    parser.add_argument("--mode", default="default", help="torch.compile's mode")
-    parser.add_argument("--rounds", type=int, default=6)
-    parser.add_argument("--iters", type=int, default=10)
-    parser.add_argument("--out", type=Path, default=None)
-    args = parser.parse_args()
-    if not torch.cuda.is_available():
-        raise SystemExit("bench_short_ops.py needs a CUDA GPU")
-    torch.backends.cuda.matmul.allow_tf32 = True
-    env = environment()
-    out = args.out or dated_result_path(f"bench_short_ops_{args.size}_{args.mode}", env)
+    args = parser(__doc__, rounds=6).parse_args()
+    env, out = prepared(args, "bench_short_ops")
     result: dict = {"environment": env, "size": args.size, "mode": args.mode, "compile_s": {}}
     runs = {}
     for name in RUNS:

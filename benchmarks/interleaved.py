@@ -7,6 +7,7 @@ its base in one process, round after round with the order rotating, and only rat
 
 from __future__ import annotations
 
+import argparse
 import statistics
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -14,9 +15,30 @@ from pathlib import Path
 import torch
 from bench_eager_host import synchronised_ms  # benchmarks/ is the script folder
 from bench_model import TrainingRun
-from common import write_result
+from common import dated_result_path, environment, write_result
 
 PHASES = ("train_step", "infer")
+
+
+def parser(description: str, rounds: int, mode_help: str = "torch.compile's mode") -> argparse.ArgumentParser:
+    """The options of every interleaved script: --size, --mode, --rounds (default `rounds`), --iters and --out."""
+    parser = argparse.ArgumentParser(description=description, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--size", default="tiny", choices=["tiny", "small", "base"])
+    parser.add_argument("--mode", default="default", help=mode_help)
+    parser.add_argument("--rounds", type=int, default=rounds)
+    parser.add_argument("--iters", type=int, default=10)
+    parser.add_argument("--out", type=Path, default=None)
+    return parser
+
+
+def prepared(args: argparse.Namespace, script: str) -> tuple[dict, Path]:
+    """TF32 matmuls on (as bench_model times models), after checking for a GPU; the environment record and the
+    output path (--out, else results/<script>_<size>_<mode>-<gpu>-<date>.json)."""
+    if not torch.cuda.is_available():
+        raise SystemExit(f"{script}.py needs a CUDA GPU")
+    torch.backends.cuda.matmul.allow_tf32 = True
+    env = environment()
+    return env, args.out or dated_result_path(f"{script}_{args.size}_{args.mode}", env)
 
 
 def warm(run: TrainingRun) -> None:
