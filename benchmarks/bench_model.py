@@ -410,10 +410,13 @@ def training_run(
     y = torch.randint(0, 1000, (batch,), device=device)
     if tune_first and name.startswith("lkat"):
         tune_kernels(model, x, y)
-    groups = param_groups(model, 0.01) if flat else [{"params": list(model.parameters())}]  # 0.01: AdamW's default
-    net = FlatParameters(model, groups) if flat else model
+    if flat:
+        net = FlatParameters(model, param_groups(model, 0.01))  # 0.01: AdamW's default weight decay
+        groups = net.param_groups
+    else:
+        net, groups = model, [{"params": list(model.parameters())}]
     run = net if mode == "eager" else torch.compile(net, mode=mode, fullgraph=True)
-    opt = torch.optim.AdamW(net.param_groups if flat else groups, lr=1e-4, fused=device == "cuda")
+    opt = torch.optim.AdamW(groups, lr=1e-4, fused=device == "cuda")
     graphs = mode == "reduce-overhead"
 
     def train_step():

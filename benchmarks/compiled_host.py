@@ -17,6 +17,7 @@ kernels through inductor's static launcher; `static_user` in the JSON records wh
 from __future__ import annotations
 
 import argparse
+import statistics
 import time
 import traceback
 import warnings
@@ -57,10 +58,6 @@ def timed_graph_call(self, inputs):
         return ORIGINAL_GRAPH_CALL(self, inputs)
     finally:
         graph_calls.append((n_inputs, time.perf_counter() - start))
-
-
-def median(values: list[float]) -> float:
-    return sorted(values)[len(values) // 2]
 
 
 def stamped_steps(train_step, steps: int) -> list[float]:
@@ -116,10 +113,10 @@ def probe(name: str, steps: int, batch: int) -> dict:
         kind = kinds.setdefault(f"{'user-defined' if user else 'inductor'}, {launcher} launcher", [0.0, 0.0])
         kind[0] += calls
         kind[1] += ms
-    issue_ms = median(host)
+    issue_ms = statistics.median_high(host)
     result = {
         "model": name,
-        "step_ms_synchronised": median(walls),
+        "step_ms_synchronised": statistics.median_high(walls),
         "step_ms_queued": queued,
         "host_issue_ms_with_stamps": issue_ms,
         "graph_calls": graph_ms,
