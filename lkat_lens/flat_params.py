@@ -8,8 +8,8 @@ one block in one flat Parameter (26 for either model): the model's own Parameter
 gradient, and a forward runs the model through `torch.func.functional_call` with views of the flats, which
 torch.compile traces into its graph. Compiled on an H200, LKAT-T trained 1.09x faster and ViT-T 1.13x (medians of
 eight interleaved rounds; fastest steps 1.06x and 1.12x; benchmarks/bench_flat_params.py). It is for training steps:
-eager steps lose by it (the views and the swap cost more host time than they save), and a compiled inference step did
-too (dynamo guards the swap: 0.74x).
+eager steps lose by it (the views and the swap cost more host time than they save). Without gradients the wrapper calls
+the model itself: through the swap a compiled inference step had lost too (dynamo guards it: 0.74x).
 """
 
 from __future__ import annotations
@@ -106,6 +106,10 @@ class FlatParameters(nn.Module):
         return out
 
     def forward(self, *args: Any, **kwargs: Any) -> Any:
+        """The module's forward: through views of the flats while gradients are on; else the module itself, whose
+        Parameters alias the flats (the same values, without building views or swapping them in)."""
+        if not torch.is_grad_enabled():
+            return self.module(*args, **kwargs)
         return functional_call(self.module, self.views(), args, kwargs)
 
     @contextlib.contextmanager

@@ -70,6 +70,23 @@ def test_forward_and_gradients_are_the_models_own():
     assert all(q.grad is None for q in twin.parameters())
 
 
+def test_without_gradients_the_model_runs_itself_on_the_flats_values(monkeypatch):
+    """No views are built without gradients: the model's own Parameters (aliasing the flats) give its logits, also
+    after the flats change in place as an optimizer step changes them."""
+    model, _, flat = twins()
+    x = batch()[0]
+    with torch.no_grad():
+        for f in flat.flats:
+            f.mul_(0.5)
+        for p in model.parameters():
+            p.mul_(0.5)
+    monkeypatch.setattr(flat, "views", lambda: pytest.fail("views built without gradients"))
+    with torch.no_grad():
+        assert_close(flat(x), model(x))
+    with torch.inference_mode():
+        assert_close(flat(x), model(x))
+
+
 def test_adamw_through_the_flats_trains_the_model_as_it_trains_itself():
     """Three AdamW steps with weight-decay groups: the model's own Parameters (views of the flats, read through
     state_dict) end where the plain model's end, and the flat optimizer's state, unflattened, is the plain one's."""
