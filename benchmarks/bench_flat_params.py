@@ -2,11 +2,13 @@
 
 Issue 19: a compiled LKAT-T training step is bound by the host, which works per parameter tensor (torch.compile's
 graph inputs and gradient outputs, gradient accumulation, the optimizer's and zero_grad's loops; LKAT-T has 285, ViT-T
-152). The trainer flattens every model it compiles. Four runs of one size at batch 128, 224², each
+152). The trainer flattens the models it compiles without CUDA graphs (train.flattens_parameters; under CUDA graphs
+LKAT-T lost by it). Four runs of one size at batch 128, 224², each
 `torch.compile(mode, fullgraph=True)` with fused AdamW under bf16 autocast (`bench_model.training_run`): ViT and LKAT,
 each as it is and flattened, timed in --rounds interleaved rounds of --iters synchronised training steps and inference
 steps (benchmarks/interleaved.py). The JSON holds every round and the ratios: each LKAT against each ViT, and each
-flattened model against itself as it is.
+flattened model against itself as it is. Without gradients a flattened model runs itself (FlatParameters.forward), so
+its inference differs from the model's only in where its parameters are stored.
 
     python benchmarks/bench_flat_params.py --mode default --out benchmarks/results/bench_flat_params-h200-<date>.json
 """

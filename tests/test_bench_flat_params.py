@@ -1,4 +1,4 @@
-"""benchmarks/bench_flat_params.py: its H200 run's ratios recomputed by hand, and its tensor counts from the models."""
+"""benchmarks/bench_flat_params.py: its H200 runs' ratios recomputed by hand, and their tensor counts from the models."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ import lkat_lens
 from lkat_lens import recipe as lkrecipe
 from lkat_lens.flat_params import FlatParameters
 
-RUN = BENCHMARKS / "results" / "bench_flat_params_tiny_default-h200-2026-11-28.json"
+RUNS = sorted((BENCHMARKS / "results").glob("bench_flat_params_*.json"))
 
 
 @pytest.fixture(scope="module")
@@ -21,10 +21,15 @@ def bench():
         yield module
 
 
-def test_summary_is_each_bases_step_time_over_the_runs(bench) -> None:
+def test_both_compile_modes_have_a_run() -> None:
+    assert {json.loads(run.read_text())["mode"] for run in RUNS} == {"default", "reduce-overhead"}
+
+
+@pytest.mark.parametrize("path", RUNS, ids=lambda path: path.stem)
+def test_summary_is_each_bases_step_time_over_the_runs(bench, path) -> None:
     """Every pair's ratio (the base's ms over the run's: above 1 is faster than the base), per round, their median
     and of the fastest steps, by hand from the rounds; the file's summary is what the script computes from them."""
-    run = json.loads(RUN.read_text())
+    run = json.loads(path.read_text())
     rounds = run["rounds"]
     for name, base in bench.PAIRS:
         for phase in ("train_step", "infer"):
@@ -39,11 +44,12 @@ def test_summary_is_each_bases_step_time_over_the_runs(bench) -> None:
     assert len(run["summary"]) == 2 * len(bench.PAIRS)
 
 
-@pytest.mark.parametrize(("name", "model"), [("lkat", "lkat_tiny_patch16_224"), ("vit", "vit_tiny_patch16_224")])
-def test_the_runs_tensor_counts_are_the_models(name, model) -> None:
-    """The run's optimizer tensors: every parameter as it is, or one flat per weight-decay group and block."""
-    run = json.loads(RUN.read_text())
-    net = lkat_lens.create_model(model, num_classes=1000)
-    assert run["tensors"][name] == len(list(net.parameters()))
-    flat = FlatParameters(net, lkrecipe.param_groups(net, 0.01))
-    assert run["tensors"][f"{name}_flat"] == sum(len(group["params"]) for group in flat.param_groups)
+@pytest.mark.parametrize("name", ["lkat", "vit"])
+def test_the_runs_tensor_counts_are_the_models(name) -> None:
+    """The runs' optimizer tensors: every parameter as it is, or one flat per weight-decay group and block."""
+    for path in RUNS:
+        run = json.loads(path.read_text())
+        net = lkat_lens.create_model(f"{name}_{run['size']}_patch16_224", num_classes=1000)
+        assert run["tensors"][name] == len(list(net.parameters())), path.name
+        flat = FlatParameters(net, lkrecipe.param_groups(net, 0.01))
+        assert run["tensors"][f"{name}_flat"] == sum(len(group["params"]) for group in flat.param_groups), path.name
