@@ -1,4 +1,4 @@
-"""benchmarks/bench_flat_params.py: its H200 runs' ratios recomputed by hand, and their tensor counts from the models."""
+"""benchmarks/bench_flat_params.py: its H200 runs' ratios recomputed by hand, their tensor counts from the models."""
 
 from __future__ import annotations
 
