@@ -25,7 +25,9 @@ def test_torchrun_on_two_gpus_writes_the_one_gpu_statistics(digits_checkpoint, t
     options = ["--num-images", "256", "--batch-size", "32", "--probe-images", "32", "--attribution-images", "1"]
     command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2"]
     command += ["-m", "lkat_lens_cli", "analyze", str(digits_checkpoint), *options, "--out", str(out)]
-    env = os.environ | {"PYTHONPATH": str(Path(__file__).parents[2])}
+    # the repository ahead of the path the process has (where the GPU image's carried packages, fla among them, are)
+    path = [str(Path(__file__).parents[2]), *filter(None, [os.environ.get("PYTHONPATH")])]
+    env = os.environ | {"PYTHONPATH": os.pathsep.join(path)}
     done = subprocess.run(command, capture_output=True, text=True, env=env, timeout=600)
     assert done.returncode == 0, done.stderr[-3000:]
     two = json.loads(out.read_text())
