@@ -91,7 +91,7 @@ def test_two_gpus_match_one_gpu(tmp_path):
     rank's kernels at batch 32, the all-reduce), and AdamW turns rounding-level differences of near-zero (cancelling)
     weight gradients into +-lr updates, so the runs drift apart by more than rounding. On 2 H200s: 20-step train loss
     2.005105 one GPU, 2.005105 again, 2.012382 two GPUs (3.6e-3, 2026-11-28: the one-GPU runs were bit-identical, so
-    their gap no longer bounds the drift; on 2026-11-24 2.03347, 2.03626 and 2.03405); in bf16 one and two GPUs
+    their gap no longer bounds the drift; in an earlier run 2.03347, 2.03626 and 2.03405); in bf16 one and two GPUs
     differed by 1.6 %.
     """
     torchrun = [str(Path(sys.executable).parent / "torchrun"), "--standalone", "--nproc_per_node=2"]
