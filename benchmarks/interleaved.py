@@ -16,17 +16,26 @@ import torch
 from bench_eager_host import synchronised_ms  # benchmarks/ is the script folder
 from bench_model import TrainingRun
 from common import dated_result_path, environment, write_result
+from profile_step import profile_step
 
 PHASES = ("train_step", "infer")
 
 
 def parser(description: str, rounds: int, mode_help: str = "torch.compile's mode") -> argparse.ArgumentParser:
-    """The options of every interleaved script: --size, --mode, --rounds (default `rounds`), --iters and --out."""
+    """The options of every interleaved script: --size, --mode, --rounds (default `rounds`), --iters, --profile and
+    --out."""
     parser = argparse.ArgumentParser(description=description, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--size", default="tiny", choices=["tiny", "small", "base"])
     parser.add_argument("--mode", default="default", help=mode_help)
     parser.add_argument("--rounds", type=int, default=rounds)
     parser.add_argument("--iters", type=int, default=10)
+    parser.add_argument(
+        "--profile",
+        type=int,
+        default=0,
+        metavar="TOP",
+        help="after the rounds, profile one step of every run and phase, keeping its TOP kernels (default 0: none)",
+    )
     parser.add_argument("--out", type=Path, default=None)
     return parser
 
@@ -85,11 +94,22 @@ def ratio_summary(rounds: list[dict], pairs: Sequence[tuple[str, str]]) -> dict:
     return out
 
 
+def profiles(runs: dict[str, TrainingRun], top: int, device: str = "cuda") -> dict:
+    """One profiled step (profile_step.py) of every run and phase, "<run> <phase>" -> its profile with `top` kernels:
+    which kernels a variant's step spends its device time on, beside its base's."""
+    out = {}
+    for name, run in runs.items():
+        for phase in PHASES:
+            run.model.train(phase == "train_step")
+            out[f"{name} {phase}"] = profile_step(getattr(run, phase), device, top)
+    return out
+
+
 def run_and_write(
     runs: dict[str, TrainingRun], pairs: Sequence[tuple[str, str]], args, result: dict, out: Path
 ) -> None:
     """Time `runs` in --rounds interleaved rounds of --iters steps, writing `result` (with its rounds and their
-    ratio summary) to `out` after every round; prints each round and the summary."""
+    ratio summary, then with --profile the profiles) to `out` after every round; prints each round and the summary."""
 
     def on_round(rows: list) -> None:
         print(len(rows) - 1, {key: round(value["median"], 2) for key, value in rows[-1].items()}, flush=True)
@@ -100,3 +120,8 @@ def run_and_write(
     write_result(out, result)
     for key, value in result["summary"].items():
         print(f"{key}: median {value['median']:.3f}, fastest steps {value['fastest_steps']:.3f}")
+    if args.profile:
+        result["profiles"] = profiles(runs, args.profile)
+        write_result(out, result)
+        for key, value in result["profiles"].items():
+            print(f"{key}: {value['device_time_ms']:.2f} ms of kernels, {value['device_kernels']} kernels", flush=True)
