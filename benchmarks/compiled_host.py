@@ -1,7 +1,8 @@
-"""Where a compiled (mode="default", no CUDA graphs) training step's host time goes, ViT against LKAT (issue 19).
+"""Where a compiled (mode="default", no CUDA graphs) step's host time goes, ViT against LKAT (issue 19).
 
 Each model `torch.compile(fullgraph=True)` with fused AdamW under bf16 autocast at batch 128, 224², as
-`bench_model.py --compare` times it. Per model: the median synchronised step and the fastest of three queued
+`bench_model.py --compare` times it; a training step, or with --phase infer an inference step (no gradients, eval
+mode). Per model: the median synchronised step and the fastest of three queued
 rounds (no stamps), then steps with `perf_counter` around inductor's compiled-graph calls (host ms per graph, keyed
 by its number of inputs: the forward's and the backward's) and around every kernel launch inductor makes
 (`CachingAutotuner.run`: calls and host µs by kernel, user-defined or inductor's, launched by the static launcher or
@@ -11,6 +12,7 @@ call that synchronises. TORCHINDUCTOR_STATIC_LAUNCH_USER_DEFINED_TRITON_KERNELS=
 kernels through inductor's static launcher; `static_user` in the JSON records which ran.
 
     python benchmarks/compiled_host.py --name compiled_host_tiny
+    python benchmarks/compiled_host.py --size small --phase infer --name compiled_host_small_infer
     TORCHINDUCTOR_STATIC_LAUNCH_USER_DEFINED_TRITON_KERNELS=1 python benchmarks/compiled_host.py --name ..._static
 """
 
@@ -60,9 +62,9 @@ def timed_graph_call(self, inputs):
         graph_calls.append((n_inputs, time.perf_counter() - start))
 
 
-def stamped_steps(train_step, steps: int) -> list[float]:
-    """Host ms to issue each of `steps` training steps with the graph and launch stamps installed (synchronised
-    after each step, outside its time)."""
+def stamped_steps(step, steps: int) -> list[float]:
+    """Host ms to issue each of `steps` steps with the graph and launch stamps installed (synchronised after each step,
+    outside its time)."""
     triton_heuristics.CachingAutotuner.run = timed_launch
     output_code.CompiledFxGraph.__call__ = timed_graph_call
     launches.clear()
@@ -71,7 +73,7 @@ def stamped_steps(train_step, steps: int) -> list[float]:
     try:
         for _ in range(steps):
             start = time.perf_counter()
-            train_step()
+            step()
             host.append((time.perf_counter() - start) * 1e3)
             torch.cuda.synchronize()
     finally:
@@ -80,27 +82,29 @@ def stamped_steps(train_step, steps: int) -> list[float]:
     return host
 
 
-def synchronising_calls(train_step) -> list[str]:
-    """The warnings CUDA's sync debug mode raises during one training step (at most 20)."""
+def synchronising_calls(step) -> list[str]:
+    """The warnings CUDA's sync debug mode raises during one step (at most 20)."""
     torch.cuda.set_sync_debug_mode("warn")
     try:
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")
-            train_step()
+            step()
     finally:
         torch.cuda.set_sync_debug_mode(0)
     torch.cuda.synchronize()
     return [f"{w.message} @ {w.filename}:{w.lineno}" for w in caught if "synchroniz" in str(w.message).lower()][:20]
 
 
-def probe(name: str, steps: int, batch: int) -> dict:
-    """One model's row (module docstring)."""
+def probe(name: str, steps: int, batch: int, phase: str) -> dict:
+    """One model's row (module docstring) for its `phase` ("train_step" or "infer")."""
     setup = training_run(name, "default", "cuda", batch, 224, tune_first=name.startswith("lkat"))
+    setup.model.train(phase == "train_step")
+    step = getattr(setup, phase)
     for _ in range(5):
-        setup.train_step()
-    walls = synchronised_ms(setup.train_step, steps)
-    queued = pipelined_ms(setup.train_step, steps, "cuda")
-    host = stamped_steps(setup.train_step, steps)
+        step()
+    walls = synchronised_ms(step, steps)
+    queued = pipelined_ms(step, steps, "cuda")
+    host = stamped_steps(step, steps)
     graphs: dict[int, list] = {}
     for n_inputs, spent in graph_calls:
         entry = graphs.setdefault(n_inputs, [0, 0.0])
@@ -116,6 +120,7 @@ def probe(name: str, steps: int, batch: int) -> dict:
     issue_ms = statistics.median_high(host)
     result = {
         "model": name,
+        "phase": phase,
         "step_ms_synchronised": statistics.median_high(walls),
         "step_ms_queued": queued,
         "host_issue_ms_with_stamps": issue_ms,
@@ -126,7 +131,7 @@ def probe(name: str, steps: int, batch: int) -> dict:
             {"kernel": k[0], "user": k[1], "launcher": k[2], "calls": c, "host_ms": ms, "us_per_call": ms * 1e3 / c}
             for k, c, ms in rows[:25]
         ],
-        "syncs": synchronising_calls(setup.train_step),
+        "syncs": synchronising_calls(step),
     }
     torch._dynamo.reset()
     return result
@@ -138,14 +143,16 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=20)
     parser.add_argument("--batch", type=int, default=128)
     parser.add_argument("--models", nargs="+", default=["vit", "lkat"], choices=["vit", "lkat"])
-    parser.add_argument("--name", default=None, help="result name (default compiled_host_<size>)")
+    parser.add_argument("--phase", default="train_step", choices=["train_step", "infer"])
+    parser.add_argument("--name", default=None, help="result name (default compiled_host_<size>[_infer])")
     parser.add_argument("--out", type=Path, default=None)
     args = parser.parse_args()
     if not torch.cuda.is_available():
         raise SystemExit("compiled_host.py needs a CUDA GPU")
     torch.backends.cuda.matmul.allow_tf32 = True
     env = environment()
-    out = args.out or dated_result_path(args.name or f"compiled_host_{args.size}", env)
+    default_name = f"compiled_host_{args.size}" + ("_infer" if args.phase == "infer" else "")
+    out = args.out or dated_result_path(args.name or default_name, env)
     payload = {
         "environment": env,
         "static_user": torch._inductor.config.static_launch_user_defined_triton_kernels,
@@ -154,7 +161,7 @@ def main() -> None:
     }
     for name in (f"{m}_{args.size}_patch16_224" for m in args.models):
         try:
-            payload["rows"].append(probe(name, args.steps, args.batch))
+            payload["rows"].append(probe(name, args.steps, args.batch, args.phase))
         except Exception:
             payload["rows"].append({"model": name, "error": traceback.format_exc()[-3000:]})
         write_result(out, payload)
