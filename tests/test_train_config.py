@@ -85,13 +85,18 @@ def test_cuda_runs_take_tf32_and_the_backward_on_the_training_thread():
         torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = before[1:]
 
 
-@pytest.mark.parametrize(
-    ("argv", "graphs"),
-    [([], False), (["--compile"], False), (["--compile", "--compile-mode", "reduce-overhead"], True),
-     (["--compile", "--compile-mode", "max-autotune"], True),
-     (["--compile", "--compile-mode", "max-autotune-no-cudagraphs"], False)],
-)  # fmt: skip
-def test_a_compile_mode_with_cuda_graphs_sets_lkat_for_them(argv, graphs):
+# the trainer's compile settings: words, whether the mode replays CUDA graphs, whether the run trains through flats
+COMPILE_CASES = [
+    ([], False, False),
+    (["--compile"], False, True),
+    (["--compile", "--compile-mode", "reduce-overhead"], True, False),
+    (["--compile", "--compile-mode", "max-autotune"], True, False),
+    (["--compile", "--compile-mode", "max-autotune-no-cudagraphs"], False, True),
+]
+
+
+@pytest.mark.parametrize(("argv", "graphs", "flat"), COMPILE_CASES)
+def test_a_compile_mode_with_cuda_graphs_sets_lkat_for_them(argv, graphs, flat):
     """torch.compile's modes that replay CUDA graphs set the model's GLA layers for them (VisionGLA.cuda_graphs: the
     core keeps its short kernels as ops); the others, and no compile, leave them as they are."""
     import lkat_lens
@@ -103,13 +108,8 @@ def test_a_compile_mode_with_cuda_graphs_sets_lkat_for_them(argv, graphs):
     assert layers and all(layer.cuda_graphs is graphs for layer in layers)
 
 
-@pytest.mark.parametrize(
-    ("argv", "flat"),
-    [([], False), (["--compile"], True), (["--compile", "--compile-mode", "reduce-overhead"], False),
-     (["--compile", "--compile-mode", "max-autotune"], False),
-     (["--compile", "--compile-mode", "max-autotune-no-cudagraphs"], True)],
-)  # fmt: skip
-def test_compiled_runs_without_cuda_graphs_train_through_flat_parameters(argv, flat):
+@pytest.mark.parametrize(("argv", "graphs", "flat"), COMPILE_CASES)
+def test_compiled_runs_without_cuda_graphs_train_through_flat_parameters(argv, graphs, flat):
     """The modes whose steps are bound by the host (compiled, no CUDA graphs) flatten the parameters; eager runs and
     CUDA graphs keep them as they are (lkat_lens.flat_params; tests/test_flat_params.py trains through them)."""
     assert lktrain.flattens_parameters(resolve_config(parse(*argv))) is flat
