@@ -399,9 +399,9 @@ def training_run(
     `flat` its parameters live in flats per weight-decay group and block (lkat_lens.flat_params), as the trainer
     holds them when it compiles."""
     torch.manual_seed(0)
+    graphs = mode != "eager" and replays_cuda_graphs(mode)
     if name.startswith("lkat"):
         model = lkat_lens.create_model(name, num_classes=1000, img_size=img, **(kwargs or {}))
-        graphs = mode != "eager" and replays_cuda_graphs(mode)
         model.set_backends(**{"cuda_graphs": graphs, **(backends or {})})
     else:
         model = timm.create_model(name, pretrained=False, num_classes=1000, img_size=img, **(kwargs or {}))
@@ -417,7 +417,6 @@ def training_run(
         net, groups = model, [{"params": list(model.parameters())}]
     run = net if mode == "eager" else torch.compile(net, mode=mode, fullgraph=True)
     opt = torch.optim.AdamW(groups, lr=1e-4, fused=device == "cuda")
-    graphs = mode == "reduce-overhead"
 
     def train_step():
         if graphs:
