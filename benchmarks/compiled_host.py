@@ -1,12 +1,13 @@
 """Where a compiled (mode="default", no CUDA graphs) step's host time goes, ViT against LKAT (issue 19).
 
-Each model `torch.compile(fullgraph=True)` with fused AdamW under bf16 autocast at batch 128, 224², as
-`bench_model.py --compare` times it; a training step, or with --phase infer an inference step (no gradients, eval
-mode). Per model: the median synchronised step and the fastest of three queued
-rounds (no stamps), then steps with `perf_counter` around inductor's compiled-graph calls (host ms per graph, keyed
-by its number of inputs: the forward's and the backward's) and around every kernel launch inductor makes
-(`CachingAutotuner.run`: calls and host µs by kernel, user-defined or inductor's, launched by the static launcher or
-Triton's), so the host time outside the two graphs (guards, AOTAutograd's wrappers, gradient accumulation, the
+Each model `torch.compile(fullgraph=True)` with fused AdamW under bf16 autocast at batch 128, 224², as `bench_model.py
+--compare` times it; a training step, or with --phase infer an inference step (no gradients, eval mode). Per model: the
+median synchronised step and the fastest of three queued rounds (no stamps), then steps with `perf_counter` around
+inductor's compiled-graph calls (host ms per graph, keyed by its number of inputs: the forward's and the backward's) and
+around every kernel launch inductor makes (`CachingAutotuner.run`: calls and host µs by kernel, user-defined or
+inductor's, launched by the static launcher or Triton's) and around every dispatcher op the graphs call
+(`OpOverload.__call__`: our custom ops, whose kernels their own Python issues through Triton's launcher, calls and host
+µs by op), so the host time outside the two graphs (guards, AOTAutograd's wrappers, gradient accumulation, the
 optimizer) is the step's issue time minus the graphs'; and one step under CUDA's sync debug mode ("warn"), listing any
 call that synchronises. TORCHINDUCTOR_STATIC_LAUNCH_USER_DEFINED_TRITON_KERNELS=1 in the environment launches our
 kernels through inductor's static launcher; `static_user` in the JSON records which ran.
@@ -34,8 +35,11 @@ from torch._inductor.runtime import triton_heuristics
 
 ORIGINAL_LAUNCH = triton_heuristics.CachingAutotuner.run
 ORIGINAL_GRAPH_CALL = output_code.CompiledFxGraph.__call__
+ORIGINAL_OP_CALL = torch._ops.OpOverload.__call__
 launches: dict[tuple, list] = {}
 graph_calls: list[tuple[int, float]] = []
+op_calls: dict[str, list] = {}
+op_depth = [0]
 
 
 def timed_launch(self, *args, **kwargs):
@@ -62,13 +66,30 @@ def timed_graph_call(self, inputs):
         graph_calls.append((n_inputs, time.perf_counter() - start))
 
 
+def timed_op_call(self, *args, **kwargs):
+    """OpOverload.__call__ (the graphs' calls of custom and other dispatcher ops), its host time added to `op_calls`
+    under the op's name; ops called inside another are in their caller's time only."""
+    op_depth[0] += 1
+    start = time.perf_counter()
+    try:
+        return ORIGINAL_OP_CALL(self, *args, **kwargs)
+    finally:
+        op_depth[0] -= 1
+        if op_depth[0] == 0:
+            entry = op_calls.setdefault(str(self), [0, 0.0])
+            entry[0] += 1
+            entry[1] += time.perf_counter() - start
+
+
 def stamped_steps(step, steps: int) -> list[float]:
     """Host ms to issue each of `steps` steps with the graph and launch stamps installed (synchronised after each step,
     outside its time)."""
     triton_heuristics.CachingAutotuner.run = timed_launch
     output_code.CompiledFxGraph.__call__ = timed_graph_call
+    torch._ops.OpOverload.__call__ = timed_op_call
     launches.clear()
     graph_calls.clear()
+    op_calls.clear()
     host = []
     try:
         for _ in range(steps):
@@ -79,6 +100,7 @@ def stamped_steps(step, steps: int) -> list[float]:
     finally:
         triton_heuristics.CachingAutotuner.run = ORIGINAL_LAUNCH
         output_code.CompiledFxGraph.__call__ = ORIGINAL_GRAPH_CALL
+        torch._ops.OpOverload.__call__ = ORIGINAL_OP_CALL
     return host
 
 
@@ -130,6 +152,10 @@ def probe(name: str, steps: int, batch: int, phase: str) -> dict:
         "top_launches": [
             {"kernel": k[0], "user": k[1], "launcher": k[2], "calls": c, "host_ms": ms, "us_per_call": ms * 1e3 / c}
             for k, c, ms in rows[:25]
+        ],
+        "top_op_calls": [
+            {"op": op, "calls": n / steps, "host_ms": t / steps * 1e3, "us_per_call": t * 1e6 / n}
+            for op, (n, t) in sorted(op_calls.items(), key=lambda item: -item[1][1])[:15]
         ],
         "syncs": synchronising_calls(step),
     }
