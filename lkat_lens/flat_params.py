@@ -66,6 +66,10 @@ class FlatParameters(nn.Module):
             raise ValueError("param_groups must hold every trainable parameter of the module exactly once")
         self.flats = nn.ParameterList()
         self.layouts: list[list[Piece]] = []  # per flat (in optimizer order), its pieces
+        # per flat, its pieces' names, sizes and shapes as plain tuples: what the traced forward reads (`views`), so
+        # that torch.compile's guards on it stay one tag-safe subtree (reading the pieces' lists and properties made
+        # dynamo check every piece's name and shape on every call: 917 guards for lkat_micro instead of 315)
+        self.splits: tuple[tuple[tuple[str, ...], tuple[int, ...], tuple[tuple[int, ...], ...]], ...] = ()
         self.order: list[tuple[int, int]] = []  # per parameter in param_groups' order: (flat, piece)
         self.group_sizes: list[int] = []  # parameters per group
         self.param_groups: list[dict[str, Any]] = []
@@ -97,13 +101,15 @@ class FlatParameters(nn.Module):
             offset += p.numel()
         self.flats.append(nn.Parameter(flat))
         self.layouts.append(layout)
+        names, sizes, shapes = zip(*((piece.name, piece.numel, tuple(piece.shape)) for piece in layout), strict=True)
+        self.splits += ((names, sizes, shapes),)
 
     def views(self) -> dict[str, torch.Tensor]:
         """Each flattened parameter's name and its view of its flat (through which the flat takes its gradient)."""
         out = {}
-        for flat, layout in zip(self.flats, self.layouts, strict=True):
-            tensors = flat.split([piece.numel for piece in layout])
-            out.update((piece.name, tensor.view(piece.shape)) for piece, tensor in zip(layout, tensors, strict=True))
+        for flat, (names, sizes, shapes) in zip(self.flats, self.splits, strict=True):
+            for name, tensor, shape in zip(names, flat.split(sizes), shapes, strict=True):
+                out[name] = tensor.view(shape)
         return out
 
     def forward(self, *args: Any, **kwargs: Any) -> Any:

@@ -10,6 +10,8 @@ import torch
 from torch._dynamo.eval_frame import _debug_get_cache_entry_list
 
 import lkat_lens
+from lkat_lens import recipe as lkrecipe
+from lkat_lens.flat_params import FlatParameters
 
 
 def _self_guards(model: torch.nn.Module, x: torch.Tensor):
@@ -34,3 +36,14 @@ def test_model_guards_are_one_tag_safe_root(name: str, kwargs: dict) -> None:
     size = model.patch_embed.img_size
     guards = _self_guards(model, torch.randn(2, 3, *size))
     assert guards.is_tag_safe_root(), "a property or super() read in forward makes the guards check every module"
+
+
+def test_a_flattened_models_guards_are_one_tag_safe_root() -> None:
+    """FlatParameters' traced forward reads its pieces from plain tuples (`splits`): reading their list of pieces
+    and a property of each made dynamo check every piece's name and shape on every call (lkat_micro: 917 leaf guards,
+    not tag safe)."""
+    torch.manual_seed(0)
+    model = lkat_lens.create_model("lkat_micro", num_classes=10)
+    flat = FlatParameters(model, lkrecipe.param_groups(model, 0.01))
+    guards = _self_guards(flat, torch.randn(2, 3, *model.patch_embed.img_size))
+    assert guards.is_tag_safe_root(), "FlatParameters.forward reads a list or property of the flattened module"
