@@ -65,6 +65,25 @@ def _gap_report(kernels: list[tuple[float, float]], phases: list, start: float, 
     return rows
 
 
+def copy_callers(events, step, top: int = 10) -> dict[str, int]:
+    """The step's host `aten::copy_` calls counted by where they were made: "outermost event > direct caller" (the
+    outermost below the step, such as a compiled region, a backward node or the optimizer's step; the caller alone
+    where it is the outermost), the `top` most frequent."""
+    inside, counts = step.time_range, defaultdict(int)
+    for e in events:
+        if e.name != "aten::copy_" or e.device_type != DeviceType.CPU:
+            continue
+        if not inside.start <= e.time_range.start < inside.end:
+            continue
+        chain, parent = [], e.cpu_parent
+        while parent is not None and parent is not step:
+            chain.append(parent.name)
+            parent = parent.cpu_parent
+        where = [chain[-1], chain[0]] if len(chain) > 1 else chain or ["(the step itself)"]
+        counts[" > ".join(where)] += 1
+    return dict(sorted(counts.items(), key=lambda kv: -kv[1])[:top])
+
+
 def _sync(device: str) -> None:
     if device == "cuda":
         torch.cuda.synchronize()
@@ -87,7 +106,8 @@ def profile_step(step: Callable[[], object], device: str, top: int = TOP) -> dic
     time); copy_share: aten::copy_/_to_copy's device time over all; to_copy_calls: aten::_to_copy calls;
     first_kernel_ms: the host's time from the step's start to its first device event; idle_gaps: the device's
     longest idle spans with the host phases (the step's direct children, other threads' outermost events) during
-    each; host_phases: those phases' host milliseconds by name.
+    each; host_phases: those phases' host milliseconds by name; copy_callers: where its host `aten::copy_` calls
+    were made (copy_callers).
     """
     cuda = device == "cuda"
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
@@ -133,4 +153,5 @@ def profile_step(step: Callable[[], object], device: str, top: int = TOP) -> dic
         "first_kernel_ms": (min(k[0] for k in kernels) - span.start) / 1e3 if kernels else None,
         "idle_gaps": _gap_report(kernels, phases, span.start, end) if cuda else [],
         "host_phases": {name: us / 1e3 for name, us in sorted(phase_us.items(), key=lambda kv: -kv[1])},
+        "copy_callers": copy_callers(events, step_event),
     }

@@ -35,3 +35,20 @@ def test_profiles_are_one_step_of_each_run_and_phase_in_its_mode():
             assert "aten::mm" in ops["train_step"] and "aten::mm" not in ops["infer"]
             assert "aten::addmm" in ops["infer"]
         assert not runs["a"].model.training and not runs["b"].model.training  # each left in its last phase's mode
+
+
+def test_a_profile_counts_the_steps_copies_by_where_they_were_made():
+    """profile_step's copy_callers: each host aten::copy_ under its outermost event and direct caller."""
+    target, source = torch.zeros(8), torch.ones(8)
+
+    def step():
+        with torch.profiler.record_function("phase_a"):
+            target.copy_(source)
+            with torch.profiler.record_function("inner"):
+                target.copy_(source)
+                target.copy_(source)
+        target.copy_(source)
+
+    with imported("profile_step") as profile:
+        got = profile.profile_step(step, "cpu")["copy_callers"]
+    assert got == {"phase_a > inner": 2, "phase_a": 1, "(the step itself)": 1}
