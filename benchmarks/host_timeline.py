@@ -12,7 +12,7 @@ forward's guards (`guard_check_us`). Needs CUDA; writes results/host_timeline_<s
 from __future__ import annotations
 
 import argparse
-import inspect
+import statistics
 import sys
 import time
 from pathlib import Path
@@ -21,9 +21,9 @@ import torch
 import torch._functorch.aot_autograd  # noqa: F401  (loads the runtime wrappers stamped below)
 import torch._inductor.cudagraph_trees as cudagraph_trees
 import torch._inductor.output_code as output_code
+from bench_flat_guards import guard_check_times  # benchmarks/ is the script folder
 from bench_model import training_run
 from common import dated_result_path, environment, write_result
-from torch._dynamo.eval_frame import _debug_get_cache_entry_list
 
 STEPS, WARMUP, GUARD_CHECKS = 30, 15, 200
 stamps: list[tuple[str, float]] = []
@@ -56,21 +56,13 @@ def install_stamps() -> None:
 
 
 def guard_check_us(model: torch.nn.Module, x: torch.Tensor) -> float | None:
-    """Microseconds of one check of the compiled forward's guards (None where dynamo keeps no cache entry)."""
-    entries = _debug_get_cache_entry_list(type(model).forward.__code__)
-    if not entries:
+    """Mean microseconds of one check of the compiled forward's guards (None where dynamo keeps no cache entry or its
+    guards fail the call)."""
+    try:
+        times, _ = guard_check_times(model, x, GUARD_CHECKS)
+    except (LookupError, RuntimeError):
         return None
-    signature = inspect.signature(type(model).forward)
-    f_locals = {k: v.default for k, v in signature.parameters.items() if k not in ("self", "x")}
-    f_locals |= {"self": model, "x": x}
-    guards = entries[0].guard_manager
-    with torch.autocast("cuda", dtype=torch.bfloat16):
-        if not guards.check(f_locals):
-            return None
-        start = time.perf_counter()
-        for _ in range(GUARD_CHECKS):
-            guards.check(f_locals)
-    return (time.perf_counter() - start) / GUARD_CHECKS * 1e6
+    return statistics.fmean(times)
 
 
 def timeline(name: str) -> dict:
