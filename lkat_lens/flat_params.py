@@ -7,11 +7,12 @@ is (its Parameters, names, state_dict, hooks and analyses unchanged) but stores 
 one block in one flat Parameter (26 for either model): the model's own Parameters become views of it that take no
 gradient, and a forward runs the model through `torch.func.functional_call` with views of the flats, which
 torch.compile traces into its graph. Compiled on an H200, LKAT-T trained 1.09x faster and ViT-T 1.13x (medians of
-eight interleaved rounds; fastest steps 1.06x and 1.12x; benchmarks/bench_flat_params.py). It is for training steps
+eight interleaved rounds; fastest steps 1.06x and 1.12x; benchmarks/bench_flat_params.py), and LKAT-T 1.25x once this
+forward's guards were one tag-safe subtree (`splits`; another process, on a slower host). It is for training steps
 compiled without CUDA graphs: eager steps lose by it (the views and the swap cost more host time than they save), and
-under CUDA graphs LKAT-T's steps took 1.25x as long (ViT-T's as long as before; measured while this forward's guards
-checked every piece, 0.3 ms a call on the H200's host, since fixed: see `splits`). Without gradients the wrapper calls
-the model itself: through the swap a compiled inference step had lost too (dynamo guards it: 0.74x).
+under CUDA graphs LKAT-T's steps are 0.97x as fast (ViT-T's 1.02x; 0.80x while the guards checked every piece).
+Without gradients the wrapper calls the model itself: through the swap a compiled inference step had lost too
+(dynamo guards it: 0.74x).
 """
 
 from __future__ import annotations

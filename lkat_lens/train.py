@@ -717,10 +717,10 @@ def wrap_model(
 
 def flattens_parameters(cfg: TrainConfig) -> bool:
     """Whether the run trains through flat Parameters (flat_params.py): compiled without CUDA graphs, where the step
-    is bound by the host and the host works per parameter tensor (LKAT-T 1.09x faster, ViT-T 1.13x on an H200).
-    Eager steps lose by it (the views and the swap cost more host time than they save), and so did LKAT-T's under CUDA
-    graphs (0.80x, 4 ms a step; ViT-T's 0.99x; benchmarks/bench_flat_params.py --mode reduce-overhead), of which the
-    flattened module's guards, since made tag safe, were 0.3 ms."""
+    is bound by the host and the host works per parameter tensor (LKAT-T 1.09x and 1.25x faster in two processes,
+    ViT-T 1.13x, on an H200). Eager steps lose by it (the views and the swap cost more host time than they save), and
+    so do LKAT-T's under CUDA graphs (0.97x; 0.80x before the flattened module's guards were made tag safe; ViT-T's
+    1.02x; benchmarks/bench_flat_params.py --mode reduce-overhead)."""
     return cfg.compile and not replays_cuda_graphs(cfg.compile_mode)
 
 
