@@ -27,7 +27,7 @@ train: setup
 	$(BIN)/python -m lkat_lens.train $(ARGS)
 
 test: setup
-	$(BIN)/python -m pytest -q -n 2 --dist loadfile -m 'not gpu and not timed' $(ARGS) || [ $$? -eq 5 ]
+	$(BIN)/python -m pytest -q -n 2 --dist loadfile --no-loadscope-reorder -m 'not gpu and not timed' $(ARGS) || [ $$? -eq 5 ]
 	$(BIN)/python -m pytest -q -m 'not gpu and timed' $(ARGS) || [ $$? -eq 5 ]
 
 test-gpu: setup

@@ -10,23 +10,30 @@ from test_data import write_image_folder
 import lkat_lens
 from lkat_lens import train
 
-# The files that take longest (seconds of test time each on the 2-core CPU machine, `pytest --durations`, 2026-11-27),
-# slowest first. `make test` hands whole files to its two workers in collection order (pytest-xdist --dist loadfile), so
-# these are collected first and the short files fill in behind them: in alphabetical order a long file near the end
-# kept one worker busy for the last ~50 s while the other idled.
+# The files that take longest (seconds from a file's first test to its last on one of `make test`'s two workers, on
+# this project's 2-core CPU machine, 2026-11-29), slowest first. `make test` hands whole files to its workers
+# (pytest-xdist --dist loadfile) in collection order (--no-loadscope-reorder: xdist's default order is by number of
+# tests, which had sent the 174-s end-to-end run out fifth from last), so these are collected first and the short files
+# fill in behind them, and the two workers finish close together.
 SLOW_FILES = (
-    "test_evaluate.py",  # ~250 s: the shapes end-to-end run
-    "test_explorer.py",  # ~190 s: the browser tests
-    "test_gla_short.py",
-    "test_distributed_stats.py",
-    "test_gla_core.py",
+    "test_evaluate.py",  # 174 s: the shapes end-to-end run
+    "test_explorer.py",  # 136 s: the browser tests
+    "test_gla_core_trace.py",  # 76 s: four traces, each in a child process
+    "test_distributed_stats.py",  # 72 s: torchrun
+    "test_gla_short.py",  # 54 s: the Triton interpreter suites, each in a child process
     "test_figures.py",
     "test_gla_input.py",
-    "test_robustness_training.py",
     "test_train.py",
-    "test_kan_gemm.py",
+    "test_robustness_training.py",
+    "test_gla_core.py",
     "test_explorer_runs.py",
-    "test_rbf_kernel.py",  # ~50 s
+    "test_chunk_states.py",
+    "test_rbf_kernel.py",
+    "test_flat_params.py",
+    "test_kan_gemm.py",
+    "test_robustness_app_load.py",
+    "test_custom_ops.py",
+    "test_compile_guards.py",  # 22 s
 )
 
 
