@@ -389,6 +389,7 @@ class TrainingRun:
     train_step: Callable[[], None]  # forward, backward and a fused AdamW step under bf16 autocast
     infer: Callable[[], None]  # a bf16-autocast forward without gradients
     optimizer: torch.optim.Optimizer  # over the model's parameters, or over its flats
+    net: torch.nn.Module | None = None  # what the step calls, compiled: the model, or its FlatParameters
 
 
 def training_run(
@@ -433,7 +434,7 @@ def training_run(
         with torch.no_grad(), torch.autocast(device, dtype=torch.bfloat16):
             run(x)
 
-    return TrainingRun(model, x, train_step, infer, opt)
+    return TrainingRun(model, x, train_step, infer, opt, net)
 
 
 def _compare_measure(name: str, kwargs: dict, backends: dict, mode: str, args: argparse.Namespace) -> dict:

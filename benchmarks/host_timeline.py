@@ -1,12 +1,15 @@
-"""Where a synchronised compiled training step's host time goes before its forward CUDA graph starts (issue 19).
+"""Where a synchronised compiled training step's host time goes (issue 19).
 
-ViT and LKAT of one size, each `torch.compile(mode="reduce-overhead", fullgraph=True)` with fused AdamW under bf16
-autocast at batch 128, 224². No profiler (it slows the host 2-4×): `perf_counter` stamps wrapped around
-AOTAutograd's `unwrap_dead_wrappers`, inductor's compiled-graph call, cudagraph trees' manager and node, and
-`CUDAGraph.replay`, medians of 30 steps in ms from each step's start; and the time of one check of the compiled
-forward's guards (`guard_check_us`). Needs CUDA; writes results/host_timeline_<size>-<gpu>-<date>.json.
+ViT and LKAT of one size (with --flat, each flattened as well: lkat_lens.flat_params), each `torch.compile(mode=
+"reduce-overhead", fullgraph=True)` with fused AdamW under bf16 autocast at batch 128, 224². No profiler (it slows the
+host 2-4×, and hid a flattened step's loss under CUDA graphs): `perf_counter` stamps wrapped around AOTAutograd's
+`unwrap_dead_wrappers`, inductor's compiled-graph call, cudagraph trees' manager and node, and `CUDAGraph.replay`
+(`stamps_ms`: each stamp up to the forward's replay, ms from the step's start), and around the step's phases
+(`phases_ms`: forward with the loss, backward, optimizer step, zero_grad, then the wait for the device), medians of 30
+steps; and the time of one check of the compiled forward's guards (`guard_check_us`). Needs CUDA; writes
+results/host_timeline_<size>-<gpu>-<date>.json.
 
-    python benchmarks/host_timeline.py --size tiny
+    python benchmarks/host_timeline.py --size tiny --flat
 """
 
 from __future__ import annotations
@@ -49,10 +52,24 @@ def install_stamps() -> None:
     stamping(cudagraph_trees.CUDAGraphNode, "run", "Node.run")
     stamping(cudagraph_trees.CUDAGraphNode, "check_invariants", "Node.check_invariants")
     stamping(torch.cuda.CUDAGraph, "replay", "replay")
+    stamping(torch.Tensor, "backward", "Tensor.backward")
     for name, module in list(sys.modules.items()):  # a Python function in torch 2.11, imported by name
         torch_internal = name.startswith(("torch._functorch", "torch._dynamo"))
         if torch_internal and module and hasattr(module, "unwrap_dead_wrappers"):
             stamping(module, "unwrap_dead_wrappers", f"unwrap_dead_wrappers({name})")
+
+
+PHASES = ("forward", "backward", "optimizer", "zero_grad", "device")
+# the stamp that ends each phase; the step's end (after synchronising) ends the last
+PHASE_ENDS = ("Tensor.backward", "optimizer.step", "optimizer.zero_grad", "optimizer.zero_grad returned")
+
+
+def phases_ms(step: list[tuple[str, float]], start: float, end: float) -> dict[str, float]:
+    """One step's host ms per phase (PHASES) and in all ("step"), from its stamps (label, perf_counter seconds), start
+    and end: a phase runs from the stamp that ends the one before it (or the start) to the first stamp that ends it."""
+    bounds = [start, *(next(t for label, t in step if label == end_label) for end_label in PHASE_ENDS), end]
+    spans = {phase: (b - a) * 1e3 for phase, a, b in zip(PHASES, bounds[:-1], bounds[1:], strict=True)}
+    return spans | {"step": (end - start) * 1e3}
 
 
 def guard_check_us(model: torch.nn.Module, x: torch.Tensor) -> float | None:
@@ -65,29 +82,36 @@ def guard_check_us(model: torch.nn.Module, x: torch.Tensor) -> float | None:
     return statistics.fmean(times)
 
 
-def timeline(name: str) -> dict:
-    """The medians of the stamps up to the forward's replay, and the guards' check, for one model."""
-    setup = training_run(name, "reduce-overhead", "cuda", 128, 224, tune_first=True)
-    rows = []
+def timeline(name: str, flat: bool = False) -> dict:
+    """The medians of the stamps up to the forward's replay and of the step's phases, and the guards' check, for one
+    model (flattened with `flat`)."""
+    setup = training_run(name, "reduce-overhead", "cuda", 128, 224, tune_first=True, flat=flat)
+    stamping(setup.optimizer, "step", "optimizer.step")
+    stamping(setup.optimizer, "zero_grad", "optimizer.zero_grad")
+    rows, phases = [], []
 
     def step(record: bool = False) -> None:
         stamps.clear()
         t0 = time.perf_counter()
         setup.train_step()
         torch.cuda.synchronize()
+        end = time.perf_counter()
         if record:
             first = next(i for i, (label, _) in enumerate(stamps) if label == "replay")
             rows.append([(label, (t - t0) * 1e3) for label, t in stamps[: first + 1]])
+            phases.append(phases_ms(stamps, t0, end))
 
     for _ in range(WARMUP):
         step()
     for _ in range(STEPS):
         step(record=True)
     labels = [label for label, _ in rows[0]]
-    medians = [sorted(r[i][1] for r in rows)[len(rows) // 2] for i in range(len(labels))]
-    result = {"model": name, "stamps_ms": dict(zip(labels, medians, strict=True))}
-    result["guard_check_us"] = guard_check_us(setup.model, setup.x)
-    result["inputs"] = sum(1 for _ in setup.model.parameters()) + sum(1 for _ in setup.model.buffers())
+    medians = [statistics.median(r[i][1] for r in rows) for i in range(len(labels))]
+    result = {"model": name, "flat": flat, "stamps_ms": dict(zip(labels, medians, strict=True))}
+    result["phases_ms"] = {phase: statistics.median(p[phase] for p in phases) for phase in phases[0]}
+    result["guard_check_us"] = guard_check_us(setup.net, setup.x)
+    result["inputs"] = sum(len(group["params"]) for group in setup.optimizer.param_groups)
+    result["inputs"] += sum(1 for _ in setup.model.buffers())
     torch._dynamo.reset()
     return result
 
@@ -95,6 +119,7 @@ def timeline(name: str) -> dict:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--size", default="tiny", choices=["tiny", "small", "base"])
+    parser.add_argument("--flat", action="store_true", help="each model flattened too (lkat_lens.flat_params)")
     parser.add_argument("--out", type=Path, default=None)
     args = parser.parse_args()
     torch.backends.cuda.matmul.allow_tf32 = True
@@ -103,11 +128,12 @@ def main() -> None:
     install_stamps()
     rows = []
     for name in (f"vit_{args.size}_patch16_224", f"lkat_{args.size}_patch16_224"):
-        rows.append(timeline(name) | env)
-        write_result(out, rows)
-        print(name, f"guards {rows[-1]['guard_check_us']} us")
-        for label, ms in rows[-1]["stamps_ms"].items():
-            print(f"   {ms:7.3f} ms  {label}")
+        for flat in (False, True) if args.flat else (False,):
+            rows.append(timeline(name, flat) | env)
+            write_result(out, rows)
+            print(name, "flattened" if flat else "", f"guards {rows[-1]['guard_check_us']} us")
+            for label, ms in (*rows[-1]["stamps_ms"].items(), *rows[-1]["phases_ms"].items()):
+                print(f"   {ms:7.3f} ms  {label}")
 
 
 if __name__ == "__main__":

@@ -10,6 +10,7 @@ import torch
 from benchmark_script import imported
 
 import lkat_lens
+from lkat_lens.flat_params import FlatParameters
 
 
 @pytest.fixture(scope="module")
@@ -143,3 +144,41 @@ def test_training_run_steps_the_optimizer_and_infers_without_gradients(bench) ->
     assert all(moved) and all(p.grad is None for p in run.model.parameters())
     run.infer()
     assert all(p.grad is None for p in run.model.parameters())
+
+
+def test_host_timeline_phases_run_from_stamp_to_stamp() -> None:
+    """host_timeline.phases_ms by hand: each phase from the stamp that ends the one before (or the start) to the first
+    stamp that ends it, the last to the step's end; in ms."""
+    stamps = [
+        ("Tensor.backward", 1.0),
+        ("Tensor.backward returned", 2.5),
+        ("optimizer.step", 3.0),
+        ("optimizer.step returned", 4.0),
+        ("optimizer.zero_grad", 4.5),
+        ("optimizer.zero_grad returned", 5.0),
+    ]
+    with imported("host_timeline") as timeline:
+        phases = timeline.phases_ms(stamps, 0.5, 6.0)
+    expected = {"forward": 500.0, "backward": 2000.0, "optimizer": 1500.0, "zero_grad": 500.0, "device": 1000.0}
+    assert phases == pytest.approx({**expected, "step": 5500.0}, rel=1e-12)
+
+
+def test_host_timeline_stamps_a_real_steps_phases(bench, monkeypatch) -> None:
+    """The stamps host_timeline wraps around a training step (Tensor.backward, the optimizer's step and zero_grad)
+    are all made in an eager lkat_micro step, in order, and its phases add up to the step."""
+    monkeypatch.setattr(torch.Tensor, "backward", torch.Tensor.backward)  # restored after the test
+    with imported("host_timeline") as timeline:
+        run = bench.training_run("lkat_micro", "eager", "cpu", batch=2, img=16, flat=True)
+        timeline.stamping(torch.Tensor, "backward", "Tensor.backward")
+        timeline.stamping(run.optimizer, "step", "optimizer.step")
+        timeline.stamping(run.optimizer, "zero_grad", "optimizer.zero_grad")
+        timeline.stamps.clear()
+        start = time.perf_counter()
+        run.train_step()
+        end = time.perf_counter()
+        labels = [label for label, _ in timeline.stamps]
+        phases = timeline.phases_ms(timeline.stamps, start, end)
+    assert [label for label in labels if label in timeline.PHASE_ENDS] == list(timeline.PHASE_ENDS)
+    assert all(phases[phase] >= 0 for phase in timeline.PHASES)
+    assert sum(phases[phase] for phase in timeline.PHASES) == pytest.approx(phases["step"], rel=1e-9)
+    assert isinstance(run.net, FlatParameters) and run.net.module is run.model
