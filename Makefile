@@ -8,6 +8,10 @@ BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.lkat-lens-installed
 # torch is pinned to the build this workplace ships on disk; override on other machines.
 TORCH_SPEC ?= torch==2.14.1 torchvision==0.29.1
+# Python's default: cache compiled modules. Where the environment turns it off (PYTHONDONTWRITEBYTECODE), every pytest
+# process and every child a test starts compiles lkat-lens and the test modules from source again (and pytest rewrites
+# each test module's asserts again): about 7 s of each pytest's 24-s collection on the 2-core machine.
+unexport PYTHONDONTWRITEBYTECODE
 
 .PHONY: setup chromium train test test-gpu lint clean
 
