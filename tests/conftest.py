@@ -13,8 +13,8 @@ from lkat_lens import train
 # The files that take longest (seconds from a file's first test to its last on one of `make test`'s two workers, on
 # this project's 2-core CPU machine, 2026-11-29), slowest first. `make test` hands whole files to its workers
 # (pytest-xdist --dist loadfile) in collection order (--no-loadscope-reorder: xdist's default order is by number of
-# tests, which had sent the 174-s end-to-end run out fifth from last), so these are collected first and the short files
-# fill in behind them, and the two workers finish close together.
+# tests, which started the 174-s end-to-end run 344 s into a 593-s run), so these are collected first and the short
+# files fill in behind them, and the two workers finish close together.
 SLOW_FILES = (
     "test_evaluate.py",  # 174 s: the shapes end-to-end run
     "test_explorer.py",  # 136 s: the browser tests
