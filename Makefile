@@ -10,8 +10,9 @@ STAMP  := $(VENV)/.lkat-lens-installed
 TORCH_SPEC ?= torch==2.14.1 torchvision==0.29.1
 # Python's default: cache compiled modules. Where the environment turns it off (PYTHONDONTWRITEBYTECODE), every pytest
 # process and every child a test starts compiles lkat-lens and the test modules from source again (and pytest rewrites
-# each test module's asserts again): about 7 s of each pytest's 24-s collection on the 2-core machine, where a clean
-# clone's .ci/run then took 11 min 17 s and 12 min 52 s in two runs, against 14 min 44 s before (2026-11-29).
+# each test module's asserts again). Back to back in a fresh clone on the 2-core machine (2026-11-29): collecting the
+# suite took 13-14 s of CPU instead of 17-18, and tests/test_cli.py with tests/test_report.py (their CLI children)
+# 29 s instead of 34.
 unexport PYTHONDONTWRITEBYTECODE
 
 .PHONY: setup chromium train test test-gpu lint clean
