@@ -59,6 +59,12 @@ def install_stamps() -> None:
             stamping(module, "unwrap_dead_wrappers", f"unwrap_dead_wrappers({name})")
 
 
+def stamp_optimizer(optimizer: torch.optim.Optimizer) -> None:
+    """Stamp one optimizer's step and zero_grad (with install_stamps' Tensor.backward, the ends of PHASES)."""
+    stamping(optimizer, "step", "optimizer.step")
+    stamping(optimizer, "zero_grad", "optimizer.zero_grad")
+
+
 PHASES = ("forward", "backward", "optimizer", "zero_grad", "device")
 # the stamp that ends each phase; the step's end (after synchronising) ends the last
 PHASE_ENDS = ("Tensor.backward", "optimizer.step", "optimizer.zero_grad", "optimizer.zero_grad returned")
@@ -86,8 +92,7 @@ def timeline(name: str, flat: bool = False) -> dict:
     """The medians of the stamps up to the forward's replay and of the step's phases, and the guards' check, for one
     model (flattened with `flat`)."""
     setup = training_run(name, "reduce-overhead", "cuda", 128, 224, tune_first=True, flat=flat)
-    stamping(setup.optimizer, "step", "optimizer.step")
-    stamping(setup.optimizer, "zero_grad", "optimizer.zero_grad")
+    stamp_optimizer(setup.optimizer)
     rows, phases = [], []
 
     def step(record: bool = False) -> None:

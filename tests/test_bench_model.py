@@ -170,8 +170,7 @@ def test_host_timeline_stamps_a_real_steps_phases(bench, monkeypatch) -> None:
     with imported("host_timeline") as timeline:
         run = bench.training_run("lkat_micro", "eager", "cpu", batch=2, img=16, flat=True)
         timeline.stamping(torch.Tensor, "backward", "Tensor.backward")
-        timeline.stamping(run.optimizer, "step", "optimizer.step")
-        timeline.stamping(run.optimizer, "zero_grad", "optimizer.zero_grad")
+        timeline.stamp_optimizer(run.optimizer)
         timeline.stamps.clear()
         start = time.perf_counter()
         run.train_step()
