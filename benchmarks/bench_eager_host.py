@@ -18,6 +18,8 @@ DIR`; each row names the lkat_lens it imported).
 synchronised steps each, LKAT's speed against ViT's by their fastest steps and by the medians of their block medians;
 then their eager inference steps the same way.
 "kan_paths": the "ratio" timing with three LKATs of each size, their KAN layers on "auto", "fused" and "triton".
+"graphs": the "ratio" timing with two LKATs of each size, their GLA cores' kernels launched one by one
+(eager_graphs=False) and replayed as CUDA graphs (the default; kernels/graphed.py).
 "phases": the "ratio" timing of the training steps, each step's host time split at the return of its forward (with the
 loss), backward, optimizer step and zeroing of the gradients; the rest is the wait for the GPU.
 "inside": LKAT's eager training step with the host time of our code timed from inside (ViT's and LKAT's steps
@@ -69,6 +71,7 @@ LAUNCHES = ("direct", "jit")
 # zeroing the gradients, and the wait for the GPU to finish (the synchronised step's rest)
 PHASES = ("forward", "backward", "optimizer", "zero_grad", "wait")
 KAN_PATHS = ("auto", "fused", "triton")  # the KAN layers' paths "kan_paths" forces (set_backends(kan=...))
+GRAPHS = {False: "core launched", True: "core graphed"}  # the "graphs" comparison's eager_graphs settings
 # the kernels' host functions "inside" times, by the module whose namespace the caller reads them from
 INSIDE = {
     gla_core: ("gla_qkv_fwd", "gla_gate_fwd", "SHORT_FORWARD", "gated_norm_fwd",
@@ -257,6 +260,16 @@ def compare_kan_paths(args: argparse.Namespace) -> list[dict]:
     return interleaved_rows(args, lambda size: [replace(lkat(size, "auto"), kan=path) for path in KAN_PATHS])
 
 
+def compare_graphs(args: argparse.Namespace) -> list[dict]:
+    """Rows of the "graphs" comparison: as "ratio", with LKAT's GLA cores launched one by one and as CUDA graphs."""
+
+    def lkats(size: str) -> list[Config]:
+        config = lkat(size, "auto")
+        return [replace(config, label=f"{config.label}, {GRAPHS[on]}", eager_graphs=on) for on in GRAPHS]
+
+    return interleaved_rows(args, lkats)
+
+
 def interleaved_rows(args: argparse.Namespace, lkats: Callable[[str], list[Config]]) -> list[dict]:
     """For each size, ViT's and `lkats(size)`'s eager training steps interleaved, then their inference steps."""
     rows = []
@@ -279,10 +292,22 @@ def _label(config: Config) -> str:
 
 def interleaved(steps: dict[str, Callable[[], None]], args: argparse.Namespace) -> dict:
     """ViT's step (the first) and LKAT's steps, --rounds blocks of --iters synchronised steps each, alternating after
-    --warmup steps of each: their times, block medians, fastest steps and each LKAT's speed against ViT's by both."""
-    for step in steps.values():
+    --warmup steps of each: their times, block medians, fastest steps and each LKAT's speed against ViT's by both; the
+    memory each step's warm-up left allocated (optimizer states, CUDA-graph captures) and each step's peak above the
+    memory allocated before it, in MiB."""
+    held, peak = {}, {}
+    for name, step in steps.items():
+        torch.cuda.synchronize()
+        before = torch.cuda.memory_allocated()
         for _ in range(args.warmup):
             step()
+        torch.cuda.synchronize()
+        held[name] = (torch.cuda.memory_allocated() - before) / 2**20
+        torch.cuda.reset_peak_memory_stats()
+        before = torch.cuda.memory_allocated()
+        step()
+        torch.cuda.synchronize()
+        peak[name] = (torch.cuda.max_memory_allocated() - before) / 2**20
     times: dict[str, list[float]] = {name: [] for name in steps}
     blocks: dict[str, list[float]] = {name: [] for name in steps}
     for _ in range(args.rounds):
@@ -295,6 +320,7 @@ def interleaved(steps: dict[str, Callable[[], None]], args: argparse.Namespace) 
     typical = {name: statistics.median(b) for name, b in blocks.items()}
     return {
         "times": times, "block_medians": blocks, "fastest_ms": fastest, "block_median_ms": typical,
+        "held_MiB": held, "step_peak_MiB": peak,
         "lkat_lens": lkat_lens.__file__,
         "fastest_x_vit": {name: fastest[vit_label] / fastest[name] for name in lkat_labels},
         "block_median_x_vit": {name: typical[vit_label] / typical[name] for name in lkat_labels},
@@ -437,6 +463,7 @@ def main() -> None:
         "steps": (compare_steps, ("as is",)),
         "ratio": (compare_ratio, ()),
         "kan_paths": (compare_kan_paths, ()),
+        "graphs": (compare_graphs, ()),
         "phases": (compare_phases, PHASES),
         "inside": (compare_inside, ()),
     }
@@ -461,13 +488,17 @@ def main() -> None:
     write_result(args.out or dated_result_path("bench_eager_host", env), rows)
     for name in args.compare:
         variants = comparisons[name][1]
-        if name in ("ratio", "kan_paths", "phases"):
+        if name in ("ratio", "kan_paths", "graphs", "phases"):
             for r in (r for r in rows if r["comparison"] == name):
                 print(f"\n{r['what']} ({r['gpu']}, {r['lkat_lens']}):")
                 for model, ratio in r["fastest_x_vit"].items():
                     print(f"  {model}: {ratio:.3f}x by the fastest steps ({r['fastest_ms'][model]:.1f} ms), "
                           f"{r['block_median_x_vit'][model]:.3f}x by the block medians")  # fmt: skip
                 print(f"  ViT's fastest step {next(iter(r['fastest_ms'].values())):.1f} ms")
+                print(
+                    "  MiB held after the warm-up / a step's peak above what it started with: "
+                    + ", ".join(f"{m} {r['held_MiB'][m]:.0f} / {r['step_peak_MiB'][m]:.0f}" for m in r["held_MiB"])
+                )
                 for model, phases in r.get("phase_ms", {}).items():
                     print(f"  {model}, host ms by phase (medians): "
                           + ", ".join(f"{p} {ms:.2f}" for p, ms in phases.items()))  # fmt: skip

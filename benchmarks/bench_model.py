@@ -76,6 +76,7 @@ class Config:
     attn: str | None = None
     kan: str | None = None
     compile: bool = False
+    eager_graphs: bool | None = None  # LKAT.set_backends(eager_graphs=...); None: the model's default
 
 
 def lkat(size: str, attn: str, compile_model: bool = False) -> Config:
@@ -97,7 +98,7 @@ def build(config: Config, img: int) -> torch.nn.Module:
     """The model of a config on the GPU, with a 1000-class head, for img x img inputs."""
     if config.model.startswith("lkat"):
         model = lkat_lens.create_model(config.model, num_classes=1000, img_size=img)
-        model.set_backends(attn=config.attn, kan=config.kan)
+        model.set_backends(attn=config.attn, kan=config.kan, eager_graphs=config.eager_graphs)
     else:
         model = timm.create_model(config.model, pretrained=False, num_classes=1000, img_size=img)
     return model.cuda()

@@ -304,3 +304,18 @@ def test_channel_tables_are_reused_until_the_rotation_changes(rope_mode: str) ->
     if state:
         fresh.load_state_dict({name: t.double() for name, t in state.items()})
     assert all(torch.equal(a, b) for a, b in zip(doubled, fresh.channel_tables(15), strict=True))
+
+
+def test_channel_tables_built_in_inference_mode_are_not_saved_for_a_backward() -> None:
+    """Tables first asked for under torch.inference_mode are built again outside it (autograd cannot save inference
+    tensors: evaluating under it and then training failed); tables built outside it serve inside it too."""
+    rope = make_rope("2dv1", (3, 4), 16)
+    with torch.inference_mode():
+        inside = rope.channel_tables(15)
+    assert inside[0].is_inference()
+    outside = rope.channel_tables(15)
+    assert not outside[0].is_inference() and torch.equal(outside[0], inside[0])
+    x = torch.randn(15, 16, requires_grad=True)
+    (x * outside[0]).sum().backward()  # saved for the backward
+    with torch.inference_mode():
+        assert rope.channel_tables(15)[0] is outside[0]

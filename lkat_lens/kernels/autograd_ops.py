@@ -18,7 +18,8 @@ autograd node, nothing saved. The paths compute the same values; the tests hold 
 `traced` skips the custom op: torch.compile traces the same autograd.Function, its host code and its Triton launches
 (user-defined kernels that inductor launches itself); the GLA core takes it (kernels/gla_core.py says why). Inside
 such a traced function a `Kernel` called is its op while torch.compile traces, so that our autotuner still launches
-that op's kernels (the GLA core's short GLA), and its function otherwise.
+that op's kernels (the GLA core's short GLA), and its function otherwise. `graphed` is a traced computation's eager
+caller with its forward and backward replayed as CUDA graphs (kernels/graphed.py).
 """
 
 from __future__ import annotations
@@ -28,6 +29,8 @@ from collections.abc import Callable
 from typing import Any, NamedTuple
 
 import torch
+
+from .graphed import GraphedCalls
 
 # The tags of a custom op whose kernels read their tensors through their strides: torch.compile may then pass them in
 # whatever layout it holds them; without the tag inductor copies each input to the strides it had when traced (custom
@@ -109,5 +112,77 @@ def traced(
 
     def call(*inputs: Any) -> Any:
         return function.apply(*inputs) if torch.is_grad_enabled() else forward(*inputs)
+
+    return call
+
+
+class EagerGraphs(NamedTuple):
+    """One module's CUDA-graph captures of a traced computation's forward and of its backward's kernel function."""
+
+    forward: GraphedCalls
+    backward: GraphedCalls
+
+
+def eager_graphs(forward: Callable[..., Any], backward_kernel: Callable[..., Any], moving: int, dz: int) -> EagerGraphs:
+    """Empty captures for a module: the forward's input at position `moving` (its activation) and the backward
+    kernel's at position `dz` (the output's gradient) move from call to call; every other tensor stays in place."""
+    return EagerGraphs(GraphedCalls(forward, [moving]), GraphedCalls(backward_kernel, [dz]))
+
+
+def graphed(
+    name: str,
+    forward: Callable[..., Any],
+    backward_kernel: Callable[..., Any],
+    backward: Callable[..., tuple],
+    setup_context: Callable[[Any, tuple, Any], None],
+) -> Callable[..., Any]:
+    """The eager caller call(graphs, *inputs) of a traced computation (as `traced`'s, outside torch.compile) whose
+    forward and backward kernel run as the CUDA graphs of `graphs` (an EagerGraphs) once captured. The forward's first
+    output is cloned and the rest, what the backward reads, are the capture's own, saved with the capture's copy of
+    the moving input; the capture stays claimed until the backward has read them, and a forward that finds it claimed
+    (a second forward before the first one's backward) runs uncaptured. The backward kernel's outputs are cloned.
+    With gradients off the forward replays and its first output is cloned."""
+
+    def graphed_forward(ctx: Any, graphs: EagerGraphs, *inputs: Any) -> Any:
+        capture = graphs.forward.capture_for(inputs)
+        ctx.claim = capture.claim() if capture is not None else None
+        ctx.capture = None if ctx.claim is None else capture
+        if ctx.capture is None:
+            output, saved_inputs = forward(*inputs), inputs
+        else:
+            statics = capture.replay(inputs)
+            output, saved_inputs = (statics[0].clone(), *(t.detach() for t in statics[1:])), capture.inputs
+            ctx.graphs, ctx.generation = graphs, capture.generation
+        setup_context(ctx, saved_inputs, output)
+        return output
+
+    def graphed_backward(ctx: Any, *grads: Any) -> Any:
+        if ctx.capture is None:
+            return None, *backward(ctx, *grads, kernel=backward_kernel)
+        if ctx.capture.generation != ctx.generation:
+            raise RuntimeError(
+                f"{name}: a later forward replayed this layer's CUDA graph and overwrote what this backward reads "
+                "(a second backward through a graph kept with retain_graph=True after another forward); set the "
+                "model's eager_graphs off (LKAT.set_backends(eager_graphs=False)) for that"
+            )
+        result = backward(ctx, *grads, kernel=ctx.graphs.backward)
+        ctx.claim = None  # read: the next forward may replay
+        return None, *result
+
+    function = type(
+        f"Graphed_{name}",
+        (torch.autograd.Function,),
+        {"forward": staticmethod(graphed_forward), "backward": staticmethod(graphed_backward)},
+    )
+
+    def call(graphs: EagerGraphs, *inputs: Any) -> Any:
+        if torch.is_grad_enabled():
+            return function.apply(graphs, *inputs)
+        capture = graphs.forward.capture_for(inputs)
+        claim = capture.claim() if capture is not None else None
+        if claim is None:
+            return forward(*inputs)
+        statics = capture.replay(inputs)
+        return statics[0].clone(), *statics[1:]
 
     return call

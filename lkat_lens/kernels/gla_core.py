@@ -44,7 +44,7 @@ from __future__ import annotations
 
 import torch
 
-from .autograd_ops import traced
+from .autograd_ops import EagerGraphs, eager_graphs, graphed, traced
 from .gated_norm import affine_grads as norm_affine_grads
 from .gated_norm import gated_norm_bwd, gated_norm_fwd
 from .gla_gate import affine_grads as gate_affine_grads
@@ -106,7 +106,7 @@ def gla_core_bwd(
     return dy, d_conv, d_conv_v, d_norm, d_gate, d_out
 
 
-__all__ = ["INTERPRET", "gla_core", "gla_core_bwd", "gla_core_fwd"]
+__all__ = ["INTERPRET", "core_graphs", "gla_core", "gla_core_bwd", "gla_core_fwd"]
 
 
 _TENSORS = 12  # the forward's tensor inputs; its scalar arguments follow
@@ -133,6 +133,14 @@ def _backward(ctx, dz: torch.Tensor, *_saved_grads, kernel) -> tuple:
 
 
 _gla_core = traced("gla_core", gla_core_fwd, gla_core_bwd, _backward, _setup_context)
+_graphed_core = graphed("gla_core", gla_core_fwd, gla_core_bwd, _backward, _setup_context)
+
+
+def core_graphs() -> EagerGraphs:
+    """A layer's empty CUDA-graph captures of the core (gla_core's `graphs`): y moves from call to call, and in the
+    backward dz (after the 12 tensor inputs and the 6 saved outputs); the weights, the tables and what the forward
+    saved stay in place."""
+    return eager_graphs(gla_core_fwd, gla_core_bwd, moving=0, dz=_TENSORS + 6)
 
 
 def gla_core(
@@ -149,15 +157,17 @@ def gla_core(
     eps: tuple[float, float, float],
     normalizer: float,
     short_ops: bool = False,
+    graphs: EagerGraphs | None = None,
 ) -> torch.Tensor:
     """Differentiable GLA core z [B, T, H, V] (y's dtype) of the stacked projection output y [B, T, P]: convs are the
     q, k, v short convolutions' weights [D, 1, TAPS], norms the q and k RMSNorm weights [K / H], rotary the RoPE tables
     cos, sin [T, K / H], gate the forget gate's second Linear (weight [K, R], bias [K]), out_norm g_norm's weight and
     bias [V / H]; segment is gla_short's, eps q_norm's, k_norm's and g_norm's, normalizer gate_logit_normalizer.
     short_ops: under torch.compile, the short GLA's forward and backward as one custom op each instead of traced
-    kernels (for CUDA graphs: the module docstring says why). Gradients reach y and every weight (not the rotary
-    tables). Beyond y's shape and device, the caller checks that the pieces' kernels take their operands
-    (VisionGLA.fuses_core)."""
+    kernels (for CUDA graphs: the module docstring says why). graphs (core_graphs(), one per layer): on CUDA outside
+    torch.compile, the forward and the backward replayed as CUDA graphs once captured (kernels/graphed.py).
+    Gradients reach y and every weight (not the rotary tables). Beyond y's shape and device, the caller checks that
+    the pieces' kernels take their operands (VisionGLA.fuses_core)."""
     width = 2 * (convs[0].shape[0] + convs[2].shape[0]) + gate[0].shape[1]
     if y.dim() != 3 or y.shape[-1] != width or not (y.is_cuda or INTERPRET):
         raise ValueError(
@@ -166,4 +176,7 @@ def gla_core(
         )
     y_eps = [float(e) for e in eps]
     args = (heads, float(scale), int(segment), y_eps, float(normalizer), bool(short_ops))
-    return _gla_core(y, *convs, *norms, *rotary, *gate, *out_norm, *args)[0]
+    tensors = (y, *convs, *norms, *rotary, *gate, *out_norm)
+    if graphs is not None and y.is_cuda and not torch.compiler.is_compiling():
+        return _graphed_core(graphs, *tensors, *args)[0]
+    return _gla_core(*tensors, *args)[0]

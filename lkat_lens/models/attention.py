@@ -18,7 +18,7 @@ from lkat_lens.kernels.dtypes import autocast_dtype, compute_dtype
 from lkat_lens.kernels.gated_norm import gated_norm
 from lkat_lens.kernels.gated_norm import supports as fused_output_supports
 from lkat_lens.kernels.gla import gated_linear_attention, implicit_attention, kernel_path
-from lkat_lens.kernels.gla_core import gla_core
+from lkat_lens.kernels.gla_core import core_graphs, gla_core
 from lkat_lens.kernels.gla_gate import gla_gate
 from lkat_lens.kernels.gla_gate import supports as fused_gate_supports
 from lkat_lens.kernels.gla_input import gla_input
@@ -112,7 +112,10 @@ class VisionGLA(nn.Module):
     hook point between the pieces (hook_q, hook_k, hook_v, hook_gk, hook_pattern) is hooked (`fuses_core`).
     `cuda_graphs` (False by default; LKAT.set_backends) says the model will run compiled as CUDA graphs: the core then
     keeps the short GLA as custom ops that our autotuner launches, with their register caps, instead of traced kernels
-    (`kernels.gla_core` says why); it changes nothing eagerly.
+    (`kernels.gla_core` says why); it changes nothing eagerly. `eager_graphs` (True by default; LKAT.set_backends):
+    on CUDA outside torch.compile the core's forward and backward replay as CUDA graphs from an input shape's second
+    call on (`kernels.graphed`: one host call a layer each way instead of some fifty host ops; the layer's graphs hold
+    their activations between calls).
     """
 
     def __init__(
@@ -143,7 +146,8 @@ class VisionGLA(nn.Module):
         self.scale = self.head_dim**-0.5  # the query scale; a plain attribute, not a property (see hooks.is_hooked)
         self.gate_logit_normalizer, self.mode = gate_logit_normalizer, mode
         self.input_mode, self.output_mode, self.gate_mode, self.core_mode = "auto", "auto", "auto", "auto"
-        self.cuda_graphs = False
+        self.cuda_graphs, self.eager_graphs = False, True
+        self._graphs = core_graphs()  # the core's CUDA-graph captures (eager_graphs)
         self.q_proj = nn.Linear(dim, key_dim, bias=False)
         self.k_proj = nn.Linear(dim, key_dim, bias=False)
         self.v_proj = nn.Linear(dim, value_dim, bias=False)
@@ -297,6 +301,7 @@ class VisionGLA(nn.Module):
             eps=tuple(norm.eps for norm in norms),
             normalizer=self.gate_logit_normalizer,
             short_ops=self.cuda_graphs,
+            graphs=None if torch.compiler.is_compiling() or not self.eager_graphs else self._graphs,
         )
 
     def fuses_gate(self, code: torch.Tensor) -> bool:

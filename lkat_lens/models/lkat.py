@@ -177,12 +177,14 @@ class LKAT(FlatViT):
         gla_gate: str | None = None,
         gla_core: str | None = None,
         cuda_graphs: bool | None = None,
+        eager_graphs: bool | None = None,
     ) -> LKAT:
         """Choose the GLA mode (kernels.gla.MODES: auto/chunk/fused_recurrent/short/torch), the KAN layers'
         kernel backend (kernels.kan_linear.BACKENDS: auto/torch/triton/fused), and how GLA's input path, its output
         path, its forget gate and its core (all of them as one op) run (models.attention.INPUT_MODES:
         auto/fused/torch; VisionGLA); cuda_graphs=True before torch.compile(mode="reduce-overhead") keeps the GLA
-        core's short kernels as custom ops (VisionGLA.cuda_graphs; faster on the device, slower on the host)."""
+        core's short kernels as custom ops (VisionGLA.cuda_graphs; faster on the device, slower on the host);
+        eager_graphs=False launches the eager core's kernels one by one, not as CUDA graphs (VisionGLA.eager_graphs)."""
         paths = {"gla_input": gla_input, "gla_output": gla_output, "gla_gate": gla_gate, "gla_core": gla_core}
         paths = {name: mode for name, mode in paths.items() if mode is not None}
         for name, mode in paths.items():
@@ -195,6 +197,8 @@ class LKAT(FlatViT):
                     setattr(module, PATH_MODES[name], mode)
                 if cuda_graphs is not None:
                     module.cuda_graphs = bool(cuda_graphs)
+                if eager_graphs is not None:
+                    module.eager_graphs = bool(eager_graphs)
             if kan is not None and isinstance(module, KANLayer):
                 module.kernel_backend = kan
         return self

@@ -110,13 +110,14 @@ def _reused_tables(
 ) -> tuple[torch.Tensor, ...]:
     """The channel tables build() makes, kept on the module and returned again while `length` and its buffers are
     unchanged (the same storage, no in-place write since: a loaded state_dict or .to() rebuilds them). Every LKAT block
-    asks for them on every forward; building them is eight small torch ops of eager host time per block. While
-    torch.compile traces they are built, as graph nodes."""
+    asks for them on every forward; building them is eight small torch ops of eager host time per block. Tables built
+    under torch.inference_mode are built again outside it (autograd cannot save inference tensors); tables built
+    outside serve both. While torch.compile traces they are built, as graph nodes."""
     if torch.compiler.is_compiling():
         return build()
     key = (length, *((t.data_ptr(), t._version) for t in buffers))
     kept = getattr(module, "_kept_tables", None)
-    if kept is None or kept[0] != key:
+    if kept is None or kept[0] != key or (kept[1][0].is_inference() and not torch.is_inference_mode_enabled()):
         kept = (key, build())
         module._kept_tables = kept
     return kept[1]

@@ -1,0 +1,146 @@
+"""The eager GLA core replayed as CUDA graphs (kernels/graphed.py, VisionGLA.eager_graphs) against the same model with
+its core's kernels launched one by one: training steps, a second forward before a backward, inference outputs kept
+across calls, and a retained graph whose saved tensors a later forward overwrote."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+from model_paths import lkat_t_and_images
+from tolerance import rel_norm
+
+pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")]
+
+# the same kernels with the same operands; some of them sum weight-gradient partials with fp32 atomics, in an order
+# that differs between launches, and AdamW carries such differences into the next steps' bf16 roundings: a bound
+# well below the bf16 model's own error against fp32 (~1e-2)
+BOUND = 2e-3
+
+
+def models() -> tuple[torch.nn.Module, torch.nn.Module, torch.Tensor]:
+    """Two copies of a two-block LKAT-T on the short GLA, with and without eager graphs, and a batch of 4 images."""
+    model, images = lkat_t_and_images()
+    model.set_backends(attn="auto")
+    plain = copy.deepcopy(model).set_backends(eager_graphs=False)
+    return model.set_backends(eager_graphs=True), plain, images
+
+
+def flat_grad(model: torch.nn.Module) -> torch.Tensor:
+    """Every parameter's gradient, flattened into one fp64 vector."""
+    return torch.cat([p.grad.double().flatten() for p in model.parameters() if p.grad is not None])
+
+
+def step(model: torch.nn.Module, images: torch.Tensor, opt: torch.optim.Optimizer) -> tuple[torch.Tensor, torch.Tensor]:
+    """One bf16-autocast training step on the logits' squares: the loss and the gradients before the update."""
+    opt.zero_grad(set_to_none=True)
+    with torch.autocast("cuda", dtype=torch.bfloat16):
+        loss = model(images).float().square().mean()
+    loss.backward()
+    grads = flat_grad(model)
+    opt.step()
+    return loss.detach(), grads
+
+
+def captures(model: torch.nn.Module) -> list[tuple[int, int, int]]:
+    """Per GLA layer: its forward captures, backward captures and the forward capture's claimed replays."""
+    counts = []
+    for block in model.blocks:
+        graphs = block.attn._graphs
+        forward = list(graphs.forward.captures.values())
+        counts.append((len(forward), len(graphs.backward.captures), forward[0].generation if forward else 0))
+    return counts
+
+
+def test_graphed_core_trains_as_the_plain_core() -> None:
+    """Five AdamW steps of both models from the same weights: the same losses and gradients at every step, and each
+    layer captured its forward at the second step and its backward at the third, then replayed them."""
+    graphed, plain, images = models()
+    opts = [torch.optim.AdamW(m.parameters(), lr=1e-3) for m in (graphed, plain)]
+    for i in range(5):
+        (loss, grads), (loss_ref, grads_ref) = (step(m, images, o) for m, o in zip((graphed, plain), opts, strict=True))
+        assert rel_norm(loss, loss_ref) <= BOUND, (i, loss, loss_ref)
+        assert rel_norm(grads, grads_ref) <= BOUND, (i, rel_norm(grads, grads_ref))
+    assert captures(graphed) == [(1, 1, 4)] * 2, captures(graphed)
+    assert captures(plain) == [(0, 0, 0)] * 2
+
+
+def test_a_second_forward_before_the_backward_runs_uncaptured() -> None:
+    """Once captured, two forwards of different images and one backward of both: the second forward finds the
+    layer's capture claimed and runs its kernels one by one; the gradients are the plain model's."""
+    graphed, plain, images = models()
+    opts = [torch.optim.SGD(m.parameters(), lr=0.0) for m in (graphed, plain)]
+    for _ in range(3):
+        for m, o in zip((graphed, plain), opts, strict=True):
+            step(m, images, o)
+    others = images.flip(0)
+    grads = []
+    for m in (graphed, plain):
+        m.zero_grad(set_to_none=True)
+        with torch.autocast("cuda", dtype=torch.bfloat16):
+            loss = m(images).float().square().mean() + m(others).float().pow(3).mean()
+        loss.backward()
+        grads.append(flat_grad(m))
+    assert rel_norm(*grads) <= BOUND, rel_norm(*grads)
+    assert captures(graphed) == [(1, 1, 4)] * 2, captures(graphed)  # the second forward claimed nothing
+
+
+def test_inference_outputs_outlive_the_next_call() -> None:
+    """Under no_grad, once captured, logits of two batches kept side by side: each the plain model's for its batch."""
+    graphed, plain, images = models()
+    batches = [images, images.flip(0), images * 0.5]
+    with torch.no_grad(), torch.autocast("cuda", dtype=torch.bfloat16):
+        got = [graphed(b).float() for b in batches]
+        want = [plain(b).float() for b in batches]
+    for g, w in zip(got, want, strict=True):
+        assert rel_norm(g, w) <= BOUND
+    assert [c[0] for c in captures(graphed)] == [1, 1]
+
+
+def test_a_retained_graph_after_a_later_forward_fails_clearly() -> None:
+    """A second backward through a graph kept with retain_graph=True works while no other forward replayed the layer,
+    and raises, naming the setting, after one did."""
+    graphed, _, images = models()
+    opt = torch.optim.SGD(graphed.parameters(), lr=0.0)
+    for _ in range(3):
+        step(graphed, images, opt)
+    with torch.autocast("cuda", dtype=torch.bfloat16):
+        loss = graphed(images).float().square().mean()
+    loss.backward(retain_graph=True)
+    first = flat_grad(graphed)
+    graphed.zero_grad(set_to_none=True)
+    loss.backward(retain_graph=True)
+    assert rel_norm(flat_grad(graphed), first) <= BOUND
+    with torch.autocast("cuda", dtype=torch.bfloat16):
+        graphed(images.flip(0)).float().sum().backward()
+    with pytest.raises(RuntimeError, match="eager_graphs=False"):
+        loss.backward()
+
+
+def test_a_copied_model_starts_without_captures() -> None:
+    """deepcopy of a model whose layers hold captures: the copy holds none and trains as the original."""
+    graphed, _, images = models()
+    opt = torch.optim.SGD(graphed.parameters(), lr=0.0)
+    for _ in range(3):
+        step(graphed, images, opt)
+    copied = copy.deepcopy(graphed)
+    assert captures(copied) == [(0, 0, 0)] * 2
+    loss, _ = step(copied, images, torch.optim.SGD(copied.parameters(), lr=0.0))
+    loss_ref, _ = step(graphed, images, opt)
+    assert rel_norm(loss, loss_ref) <= BOUND
+
+
+def test_captures_made_in_inference_mode_are_not_trained_through() -> None:
+    """Captured under torch.inference_mode (its tensors cannot be saved for a backward), then trained: training steps
+    capture their own and give the plain model's gradients."""
+    graphed, plain, images = models()
+    with torch.inference_mode(), torch.autocast("cuda", dtype=torch.bfloat16):
+        for _ in range(2):
+            graphed(images)
+    assert [c[0] for c in captures(graphed)] == [1, 1]
+    opts = [torch.optim.SGD(m.parameters(), lr=0.0) for m in (graphed, plain)]
+    for _ in range(3):
+        (_, grads), (_, grads_ref) = (step(m, images, o) for m, o in zip((graphed, plain), opts, strict=True))
+        assert rel_norm(grads, grads_ref) <= BOUND
+    assert [c[:2] for c in captures(graphed)] == [(2, 1)] * 2
