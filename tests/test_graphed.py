@@ -34,7 +34,7 @@ def test_a_keys_first_call_runs_the_function_as_it_is() -> None:
         calls.append(x)
         return (x @ w.T,)
 
-    graphed = GraphedCalls(fn, [0])
+    graphed = GraphedCalls(fn, [0], read_at_once=True)
     x, w = torch.randn(2, 3), torch.randn(4, 3)
     assert graphed.capture_for((x, w)) is None
     (out,) = graphed(torch.randn(5, 3), w)  # another shape: its own first call
@@ -52,5 +52,6 @@ def test_models_copied_or_pickled_start_without_captures() -> None:
         fresh = copied.blocks[0].attn._graphs
         assert fresh.forward is not graphs.forward and not fresh.forward.seen
         assert fresh.forward.fn is gla_core_fwd and fresh.backward.moving == frozenset({18})
+        assert (fresh.inference.read_at_once, fresh.inference.keep, fresh.forward.read_at_once) == (True, 1, False)
     assert not any(b.attn.eager_graphs for b in model.set_backends(eager_graphs=False).blocks)
     assert all(b.attn.eager_graphs for b in model.set_backends(eager_graphs=True).blocks)

@@ -117,16 +117,22 @@ def traced(
 
 
 class EagerGraphs(NamedTuple):
-    """One module's CUDA-graph captures of a traced computation's forward and of its backward's kernel function."""
+    """One module's CUDA-graph captures of a traced computation: its forward with gradients on (whose saved outputs
+    wait for the backward) and off (its first output alone, read at once), and its backward's kernel function."""
 
     forward: GraphedCalls
+    inference: GraphedCalls
     backward: GraphedCalls
 
 
 def eager_graphs(forward: Callable[..., Any], backward_kernel: Callable[..., Any], moving: int, dz: int) -> EagerGraphs:
     """Empty captures for a module: the forward's input at position `moving` (its activation) and the backward
     kernel's at position `dz` (the output's gradient) move from call to call; every other tensor stays in place."""
-    return EagerGraphs(GraphedCalls(forward, [moving]), GraphedCalls(backward_kernel, [dz]))
+    return EagerGraphs(
+        GraphedCalls(forward, [moving], read_at_once=False),
+        GraphedCalls(forward, [moving], read_at_once=True, keep=1),
+        GraphedCalls(backward_kernel, [dz], read_at_once=True),
+    )
 
 
 def graphed(
@@ -141,7 +147,7 @@ def graphed(
     output is cloned and the rest, what the backward reads, are the capture's own, saved with the capture's copy of
     the moving input; the capture stays claimed until the backward has read them, and a forward that finds it claimed
     (a second forward before the first one's backward) runs uncaptured. The backward kernel's outputs are cloned.
-    With gradients off the forward replays and its first output is cloned."""
+    With gradients off the forward's inference capture replays and its first output, the only one, is cloned."""
 
     def graphed_forward(ctx: Any, graphs: EagerGraphs, *inputs: Any) -> Any:
         capture = graphs.forward.capture_for(inputs)
@@ -178,11 +184,6 @@ def graphed(
     def call(graphs: EagerGraphs, *inputs: Any) -> Any:
         if torch.is_grad_enabled():
             return function.apply(graphs, *inputs)
-        capture = graphs.forward.capture_for(inputs)
-        claim = capture.claim() if capture is not None else None
-        if claim is None:
-            return forward(*inputs)
-        statics = capture.replay(inputs)
-        return statics[0].clone(), *statics[1:]
+        return graphs.inference(*inputs)
 
     return call
