@@ -1,12 +1,15 @@
-"""benchmarks/bench_eager_host.py --compare inside: the timers it wraps our code in (the steps it times need CUDA)."""
+"""benchmarks/bench_eager_host.py: the timers `--compare inside` wraps our code in (the steps it times need CUDA), and
+the ratios of its `--compare graphs` runs recomputed from their step times."""
 
 from __future__ import annotations
 
+import json
+import statistics
 import time
 
 import pytest
 import torch
-from benchmark_script import imported
+from benchmark_script import BENCHMARKS, imported
 
 from lkat_lens.kernels import gla_core, kan_linear, tuned
 from lkat_lens.kernels.rbf import rbf_grid_linear
@@ -51,3 +54,21 @@ def test_timed_inside_wraps_our_functions_and_puts_them_back(bench) -> None:
     assert timers.calls["rbf_grid_linear forward"] == timers.calls["rbf_grid_linear backward"] == 1
     assert (gla_core.gla_qkv_fwd, kan_linear.backward_and_output, tuned.TunedKernel.run) == before
     assert {cls: (vars(cls).get("forward"), vars(cls).get("backward")) for cls in functions} == methods
+
+
+GRAPH_RUNS = sorted((BENCHMARKS / "results").glob("bench_eager_host_graphs*.json"))
+
+
+@pytest.mark.parametrize("path", GRAPH_RUNS, ids=lambda path: path.stem)
+def test_the_graphs_runs_ratios_are_their_step_times(bench, path) -> None:
+    """`--compare graphs` runs (H200): each LKAT's speed against its ViT recomputed by hand from the steps and block
+    medians the file holds; every row times ViT and LKAT with its core launched and graphed (bench.GRAPHS)."""
+    for row in json.loads(path.read_text()):
+        vit, *lkats = row["times"]
+        assert [name.rsplit(", ", 1)[1] for name in lkats] == list(bench.GRAPHS.values())
+        for name in lkats:
+            fastest = min(row["times"][vit]) / min(row["times"][name])
+            typical = statistics.median(row["block_medians"][vit]) / statistics.median(row["block_medians"][name])
+            assert row["fastest_x_vit"][name] == pytest.approx(fastest, rel=1e-12)
+            assert row["block_median_x_vit"][name] == pytest.approx(typical, rel=1e-12)
+        assert set(row["held_MiB"]) == set(row["step_peak_MiB"]) == set(row["times"])
