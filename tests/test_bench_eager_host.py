@@ -43,7 +43,7 @@ def test_timed_inside_wraps_our_functions_and_puts_them_back(bench) -> None:
     """Inside the context every autograd Function of ours, the GLA core's kernel host functions and TunedKernel.run
     are wrapped (a forward and backward of the RBF op are counted); afterwards each is the original again."""
     functions = list(bench._our_functions())
-    assert {"Eager_gla_core", "_RecomputedKan", "Eager_rbf_grid_linear"} <= {cls.__name__ for cls in functions}
+    assert {"Eager_gla_core", "Eager_kan_layer", "Eager_rbf_grid_linear"} <= {cls.__name__ for cls in functions}
     methods = {cls: (vars(cls).get("forward"), vars(cls).get("backward")) for cls in functions}
     before = (gla_core.gla_qkv_fwd, kan_linear.backward_and_output, tuned.TunedKernel.run)
     timers = bench.InsideTimers()
@@ -65,7 +65,8 @@ def test_the_graphs_runs_ratios_are_their_step_times(bench, path) -> None:
     medians the file holds; every row times ViT and LKAT with its core launched and graphed (bench.GRAPHS)."""
     for row in json.loads(path.read_text()):
         vit, *lkats = row["times"]
-        assert [name.rsplit(", ", 1)[1] for name in lkats] == list(bench.GRAPHS.values())
+        labels = [name.rsplit(", ", 1)[1] for name in lkats]
+        assert labels in (list(bench.GRAPHS.values()), ["core launched", "core graphed"])  # the latter: core alone
         for name in lkats:
             fastest = min(row["times"][vit]) / min(row["times"][name])
             typical = statistics.median(row["block_medians"][vit]) / statistics.median(row["block_medians"][name])

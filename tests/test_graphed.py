@@ -11,6 +11,7 @@ import torch
 import lkat_lens
 from lkat_lens.kernels.gla_core import gla_core_fwd
 from lkat_lens.kernels.graphed import GraphedCalls, call_key
+from lkat_lens.kernels.kan_linear import kan_pair_fwd
 
 
 def test_a_key_holds_the_pointers_of_what_stays_in_place() -> None:
@@ -43,8 +44,8 @@ def test_a_keys_first_call_runs_the_function_as_it_is() -> None:
 
 
 def test_models_copied_or_pickled_start_without_captures() -> None:
-    """A model's captures (plain attributes of its GLA layers) are not copied or pickled with it; set_backends turns
-    them off and on."""
+    """A model's captures (plain attributes of its GLA layers and KAN MLPs) are not copied or pickled with it;
+    set_backends turns them off and on."""
     model = lkat_lens.create_model("lkat_micro", num_classes=3)
     graphs = model.blocks[0].attn._graphs
     graphs.forward.seen.add(("a key",))
@@ -53,5 +54,7 @@ def test_models_copied_or_pickled_start_without_captures() -> None:
         assert fresh.forward is not graphs.forward and not fresh.forward.seen
         assert fresh.forward.fn is gla_core_fwd and fresh.backward.moving == frozenset({18})
         assert (fresh.inference.read_at_once, fresh.inference.keep, fresh.forward.read_at_once) == (True, 1, False)
-    assert not any(b.attn.eager_graphs for b in model.set_backends(eager_graphs=False).blocks)
-    assert all(b.attn.eager_graphs for b in model.set_backends(eager_graphs=True).blocks)
+        assert copied.blocks[0].mlp._graphs.forward.fn is kan_pair_fwd
+    off = model.set_backends(eager_graphs=False).blocks
+    assert not any(b.attn.eager_graphs or b.mlp.eager_graphs for b in off)
+    assert all(b.attn.eager_graphs and b.mlp.eager_graphs for b in model.set_backends(eager_graphs=True).blocks)

@@ -1,5 +1,6 @@
 """What eager LKAT saves for its backward (issue 19's memory goal): the KAN layer's "torch" and "triton" paths keep x
-and the weights, not the basis sum psi (recomputed in the backward), and GLA's log gate keeps its output, not the
+and the weights, not the basis sum psi (recomputed in the backward), the two layers as one (kan_pair) x, the weights
+and the hidden activation, and GLA's log gate keeps its output, not the
 gate logits. Each is checked against the plain form it replaces (F.linear after the RBF op; F.logsigmoid), values and
 gradients, and by what autograd's saved-tensor hooks see."""
 
@@ -11,7 +12,7 @@ import torch.nn.functional as F
 from tolerance import assert_close
 
 import lkat_lens
-from lkat_lens.kernels.kan_linear import kan_linear
+from lkat_lens.kernels.kan_linear import kan_linear, kan_linear_reference, kan_pair
 from lkat_lens.kernels.log_gate import log_gate
 from lkat_lens.kernels.rbf import rbf_grid_linear
 
@@ -135,3 +136,35 @@ def test_without_gradients_kan_and_log_gate_give_the_same_values_and_save_nothin
             plain, kept = saved(fn, *leaves)
         assert graded.grad_fn is not None and plain.grad_fn is None and kept == []
         assert torch.equal(graded.detach(), plain)
+
+
+@pytest.mark.parametrize("grid_shape", [(1, 4), (6, 4)], ids=["shared", "channel"])
+def test_kan_pair_saves_x_weights_and_h_and_equals_two_reference_layers(grid_shape) -> None:
+    """kan_pair (the KAN MLP's two layers as one computation, which eager graphs replay) against two exact reference
+    layers in a row: values and the gradients of x and all four weights in fp64; saved: x, the weights and the hidden
+    activation only."""
+    gen = torch.Generator().manual_seed(2)
+    hidden_grid = (1, 4) if grid_shape[0] == 1 else (9, 4)
+    inputs = (
+        torch.randn(3, 7, 6, generator=gen, dtype=torch.float64).mul(1.5).requires_grad_(),
+        torch.randn(*grid_shape, generator=gen, dtype=torch.float64).requires_grad_(),
+        torch.randn(9, 6, generator=gen, dtype=torch.float64).requires_grad_(),
+        torch.randn(*hidden_grid, generator=gen, dtype=torch.float64).requires_grad_(),
+        torch.randn(5, 9, generator=gen, dtype=torch.float64).requires_grad_(),
+    )
+    other = (-1.5, 2.5)
+
+    def pair(x, gw1, w1, gw2, w2):
+        return kan_pair(x, (gw1, w1, *GRID), (gw2, w2, *other))
+
+    def reference(x, gw1, w1, gw2, w2):
+        return kan_linear_reference(kan_linear_reference(x, gw1, w1, *GRID), gw2, w2, *other)
+
+    y, kept = saved(pair, *inputs)
+    assert len(kept) == 6 and {t.data_ptr() for t in kept[:5]} == {t.data_ptr() for t in inputs}
+    assert kept[5].shape == (3, 7, 9)  # h
+    expected = reference(*inputs)
+    dy = torch.randn(y.shape, generator=gen, dtype=torch.float64)
+    assert_close(y, expected, rtol=1e-12, atol=1e-12)
+    for got, want in zip(torch.autograd.grad(y, inputs, dy), torch.autograd.grad(expected, inputs, dy), strict=True):
+        assert_close(got, want, rtol=1e-11, atol=1e-11)

@@ -24,7 +24,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from .autograd_ops import Kernel, differentiable
+from .autograd_ops import EagerGraphs, Kernel, differentiable, eager_graphs, graphed, traced
 from .dtypes import autocast_dtype, compute_dtype
 from .kan_dispatch import choose_path
 from .rbf import (
@@ -35,6 +35,7 @@ from .rbf import (
     _scaled_offsets,
     _torch_backward,
     backward_and_output,
+    check_grid,
     rbf_basis,
     rbf_grid_linear,
     rbf_grid_linear_reference,
@@ -347,33 +348,114 @@ class _TracedKan(torch.autograd.Function):
         return dx, dgw, dw, None, None, None
 
 
-class _RecomputedKan(torch.autograd.Function):
-    """psi(x) W^T with psi from the RBF op (its Triton kernel or the torch reference; the "triton" and "torch" paths),
-    formed again in the backward instead of saved: F.linear after the op would keep psi, as large as x, for W's
-    gradient. The Triton backward writes psi from the pass that computes dx and the grid weights' gradient, so it
-    costs a store, not a kernel. Saves x, the grid weights and W in `dtype` (the autocast dtype under autocast, in
-    which psi is written and the matmuls run and round as F.linear's do under autocast)."""
+def recomputed_kan_fwd(
+    x: torch.Tensor, grid_weight: torch.Tensor, weight: torch.Tensor, grid_min: float, grid_max: float,
+    use_triton: bool, dtype: torch.dtype, weight_grad: bool,
+) -> tuple[torch.Tensor]:  # fmt: skip
+    """(psi(x) W^T,) with psi from the RBF op (its Triton kernel or the torch reference; the "triton" and "torch"
+    paths), written in `dtype` (the autocast dtype under autocast), in which the matmul runs and rounds as F.linear's
+    does under autocast. weight_grad: whether the backward forms W's gradient."""
+    return (F.linear(_forward(x, grid_weight, grid_min, grid_max, use_triton, dtype), weight.to(dtype)),)
 
-    @staticmethod
-    def value(x, grid_weight, w, grid_min, grid_max, use_triton, dtype):
-        """psi(x) W^T for W already in `dtype` (with gradients off, the path calls this alone)."""
-        return F.linear(_forward(x, grid_weight, grid_min, grid_max, use_triton, dtype), w)
 
-    @staticmethod
-    def forward(ctx, x, grid_weight, weight, grid_min, grid_max, use_triton, dtype):
-        w = weight.to(dtype)
-        ctx.save_for_backward(x, grid_weight, w)
-        ctx.args, ctx.weight_dtype = (grid_min, grid_max, use_triton, dtype), weight.dtype
-        return _RecomputedKan.value(x, grid_weight, w, grid_min, grid_max, use_triton, dtype)
+def recomputed_kan_bwd(
+    x: torch.Tensor, grid_weight: torch.Tensor, weight: torch.Tensor, dy: torch.Tensor, grid_min: float,
+    grid_max: float, use_triton: bool, dtype: torch.dtype, weight_grad: bool,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:  # fmt: skip
+    """(dx, d grid weights, dW or None) for dy: psi formed again, by the pass that computes dx and the grid weights'
+    gradient (the Triton backward writes it from that pass: a store, not a kernel), instead of saved: F.linear after
+    the op would keep psi, as large as x, for W's gradient."""
+    w, dy = weight.to(dtype), dy.to(dtype)
+    dx, dgw, psi = backward_and_output(x, grid_weight, dy @ w, grid_min, grid_max, use_triton, dtype)
+    dw = (_rows(dy).T @ _rows(psi)).to(weight.dtype) if weight_grad else None
+    return dx, dgw, dw
 
-    @staticmethod
-    def backward(ctx, dy):
-        x, grid_weight, w = ctx.saved_tensors
-        grid_min, grid_max, use_triton, dtype = ctx.args
-        dy = dy.to(dtype)
-        dx, dgw, psi = backward_and_output(x, grid_weight, dy @ w, grid_min, grid_max, use_triton, dtype)
-        dw = (_rows(dy).T @ _rows(psi)).to(ctx.weight_dtype) if ctx.needs_input_grad[2] else None
-        return dx, dgw, dw, None, None, None, None
+
+def _recomputed_setup(ctx, inputs: tuple, output: tuple) -> None:
+    """Saves x, the grid weights and W (the parameters themselves: nothing as large as x but x)."""
+    ctx.save_for_backward(*inputs[:3])
+    ctx.args = inputs[3:]
+
+
+def _recomputed_backward(ctx, dy: torch.Tensor, kernel) -> tuple:
+    return *kernel(*ctx.saved_tensors, dy, *ctx.args), None, None, None, None, None
+
+
+# the shared/channel layer on the "triton" and "torch" paths in eager mode (never traced: torch.compile takes "traced")
+_recomputed_kan = traced("kan_layer", recomputed_kan_fwd, recomputed_kan_bwd, _recomputed_backward, _recomputed_setup)
+
+
+def kan_pair_fwd(
+    x: torch.Tensor, grid_weight_1: torch.Tensor, weight_1: torch.Tensor, grid_weight_2: torch.Tensor,
+    weight_2: torch.Tensor, grid_1: tuple[float, float], grid_2: tuple[float, float], use_triton: bool,
+    dtype: torch.dtype, weight_grad: bool,
+) -> tuple[torch.Tensor, torch.Tensor]:  # fmt: skip
+    """(y, h): two shared/channel layers in a row, h the first's output and y the second's, each on the path
+    recomputed_kan_fwd takes (`use_triton` for both); grid_1, grid_2 the layers' (grid_min, grid_max)."""
+    (h,) = recomputed_kan_fwd(x, grid_weight_1, weight_1, *grid_1, use_triton, dtype, weight_grad)
+    (y,) = recomputed_kan_fwd(h, grid_weight_2, weight_2, *grid_2, use_triton, dtype, weight_grad)
+    return y, h
+
+
+def kan_pair_bwd(
+    x: torch.Tensor, grid_weight_1: torch.Tensor, weight_1: torch.Tensor, grid_weight_2: torch.Tensor,
+    weight_2: torch.Tensor, h: torch.Tensor, dy: torch.Tensor, grid_1: tuple[float, float],
+    grid_2: tuple[float, float], use_triton: bool, dtype: torch.dtype, weight_grad: bool,
+) -> tuple[torch.Tensor | None, ...]:  # fmt: skip
+    """(dx, the first layer's grid-weight and W gradients, the second's) for dy: recomputed_kan_bwd of the second
+    layer, then of the first."""
+    dh, dgw_2, dw_2 = recomputed_kan_bwd(h, grid_weight_2, weight_2, dy, *grid_2, use_triton, dtype, weight_grad)
+    dx, dgw_1, dw_1 = recomputed_kan_bwd(x, grid_weight_1, weight_1, dh, *grid_1, use_triton, dtype, weight_grad)
+    return dx, dgw_1, dw_1, dgw_2, dw_2
+
+
+_PAIR_TENSORS = 5  # kan_pair_fwd's tensor inputs; its other arguments follow
+
+
+def _pair_setup(ctx, inputs: tuple, output: tuple) -> None:
+    """Saves x, both layers' weights (the parameters themselves) and h."""
+    ctx.mark_non_differentiable(output[1])
+    ctx.set_materialize_grads(False)
+    ctx.save_for_backward(*inputs[:_PAIR_TENSORS], output[1])
+    ctx.args = inputs[_PAIR_TENSORS:]
+
+
+def _pair_backward(ctx, dy: torch.Tensor, _dh: None, kernel) -> tuple:
+    return *kernel(*ctx.saved_tensors, dy, *ctx.args), *[None] * len(ctx.args)
+
+
+_kan_pair = traced("kan_pair", kan_pair_fwd, kan_pair_bwd, _pair_backward, _pair_setup)
+_graphed_kan_pair = graphed("kan_pair", kan_pair_fwd, kan_pair_bwd, _pair_backward, _pair_setup)
+
+
+def kan_pair_graphs() -> EagerGraphs:
+    """A KAN MLP's empty CUDA-graph captures of kan_pair (its `graphs`): x moves from call to call, and in the
+    backward dy (after the 5 tensor inputs and h); the weights and what the forward saved stay in place."""
+    return eager_graphs(kan_pair_fwd, kan_pair_bwd, moving=0, dz=_PAIR_TENSORS + 1)
+
+
+def kan_pair(
+    x: torch.Tensor,
+    first: tuple[torch.Tensor, torch.Tensor, float, float],
+    second: tuple[torch.Tensor, torch.Tensor, float, float],
+    *,
+    graphs: EagerGraphs | None = None,
+) -> torch.Tensor:
+    """Two shared/channel layers in a row, kan_linear(kan_linear(x, *first), *second) on the "triton" path where the
+    RBF kernel takes x (else the torch path), as one computation: first and second are (grid weights, W, grid_min,
+    grid_max). graphs (kan_pair_graphs(), one per MLP): on CUDA outside torch.compile, the forward and backward
+    replayed as CUDA graphs once captured (kernels/graphed.py); the hidden activation is then neither copied in nor
+    cloned out."""
+    (grid_weight_1, weight_1, *grid_1), (grid_weight_2, weight_2, *grid_2) = first, second
+    use_triton = uses_triton(x, grid_weight_1, *grid_1, "auto")  # h takes what x takes: its device, dtype or autocast's
+    check_grid(*grid_2, grid_weight_2.shape[-1])
+    dtype = autocast_dtype(x)
+    grids = (tuple(float(g) for g in grid_1), tuple(float(g) for g in grid_2))
+    tensors = (x, grid_weight_1, weight_1, grid_weight_2, weight_2)
+    args = (*grids, use_triton, dtype, weight_1.requires_grad or weight_2.requires_grad)
+    if graphs is not None and x.is_cuda and not torch.compiler.is_compiling():
+        return _graphed_kan_pair(graphs, *tensors, *args)[0]
+    return _kan_pair(*tensors, *args)[0]
 
 
 def _autocast_weight(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
@@ -390,7 +472,12 @@ def _fused_capable(*tensors: torch.Tensor) -> bool:
 
 
 def _run_kan(
-    path: str, x: torch.Tensor, grid_weight: torch.Tensor, weight: torch.Tensor, grid_min: float, grid_max: float
+    path: str,
+    x: torch.Tensor,
+    grid_weight: torch.Tensor,
+    weight: torch.Tensor,
+    grid_min: float,
+    grid_max: float,
 ) -> torch.Tensor:
     """Shared/channel layer on one path."""
     if path == "fused":
@@ -402,9 +489,7 @@ def _run_kan(
             rbf_grid_linear(x, grid_weight, grid_min, grid_max, backend=path, out_dtype=autocast_dtype(x)), weight
         )
     use_triton, dtype = uses_triton(x, grid_weight, grid_min, grid_max, path), autocast_dtype(x)
-    if not torch.is_grad_enabled():
-        return _RecomputedKan.value(x, grid_weight, weight.to(dtype), grid_min, grid_max, use_triton, dtype)
-    return _RecomputedKan.apply(x, grid_weight, weight, grid_min, grid_max, use_triton, dtype)
+    return _recomputed_kan(x, grid_weight, weight, grid_min, grid_max, use_triton, dtype, weight.requires_grad)[0]
 
 
 def _run_edge(

@@ -6,7 +6,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from lkat_lens.kernels.kan_linear import edge_kan_linear, kan_linear
+from lkat_lens.kernels.kan_linear import edge_kan_linear, kan_linear, kan_pair, kan_pair_graphs
 from lkat_lens.kernels.rbf import check_grid, rbf_basis
 
 from .hooks import HookPoint
@@ -223,13 +223,38 @@ class KANLayer(nn.Module):
 
 
 class KAN(nn.Module):
-    """The two-layer RBF-KAN that replaces a transformer block's MLP."""
+    """The two-layer RBF-KAN that replaces a transformer block's MLP.
+
+    `eager_graphs` (True by default; LKAT.set_backends): on CUDA outside torch.compile, both layers run as one
+    computation replayed as CUDA graphs from an input shape's second call on (`kernels.kan_linear.kan_pair`: the
+    layers' "triton" path, the hidden activation kept inside the graph), when nothing needs them apart (`pairs`)."""
 
     def __init__(self, dim: int, hidden_dim: int, *, drop: float = 0.0, **layer_kwargs) -> None:
         super().__init__()
         self.fc1 = KANLayer(dim, hidden_dim, **layer_kwargs)
         self.fc2 = KANLayer(hidden_dim, dim, **layer_kwargs)
         self.drop = nn.Dropout(drop)
+        self.eager_graphs = True
+        self._graphs = kan_pair_graphs()  # kan_pair's CUDA-graph captures (eager_graphs)
+
+    def pairs(self, x: torch.Tensor) -> bool:
+        """Whether this input takes kan_pair as CUDA graphs: eager on CUDA; both layers plain shared/channel layers
+        (no layer norm, base or gated branch) on the "auto" or "triton" path; no hook on them, their hook points or
+        their submodules; no dropout between them."""
+        if torch.compiler.is_compiling() or not (self.eager_graphs and x.is_cuda):
+            return False
+        layers = (self.fc1, self.fc2)
+        plain = all(
+            m.basis != "edge" and m.kernel_backend in ("auto", "triton") and m.layernorm is None
+            and m.base_linear is None and m.gat_resid is None for m in layers
+        )  # fmt: skip
+        unhooked = not any(m._forward_hooks or m._forward_pre_hooks for layer in layers for m in layer.modules())
+        return plain and unhooked and not (self.drop.p and self.training)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.pairs(x):
+            layers = [
+                (m.curve_weights(), m.dim_linear.weight, m.rbf.grid_min, m.rbf.grid_max) for m in (self.fc1, self.fc2)
+            ]
+            return kan_pair(x, *layers, graphs=self._graphs)
         return self.drop(self.fc2(self.drop(self.fc1(x))))

@@ -184,7 +184,8 @@ class LKAT(FlatViT):
         path, its forget gate and its core (all of them as one op) run (models.attention.INPUT_MODES:
         auto/fused/torch; VisionGLA); cuda_graphs=True before torch.compile(mode="reduce-overhead") keeps the GLA
         core's short kernels as custom ops (VisionGLA.cuda_graphs; faster on the device, slower on the host);
-        eager_graphs=False launches the eager core's kernels one by one, not as CUDA graphs (VisionGLA.eager_graphs)."""
+        eager_graphs=False launches the eager GLA core's and KAN MLPs' kernels one by one, not as CUDA graphs
+        (VisionGLA.eager_graphs, KAN.eager_graphs)."""
         paths = {"gla_input": gla_input, "gla_output": gla_output, "gla_gate": gla_gate, "gla_core": gla_core}
         paths = {name: mode for name, mode in paths.items() if mode is not None}
         for name, mode in paths.items():
@@ -201,6 +202,8 @@ class LKAT(FlatViT):
                     module.eager_graphs = bool(eager_graphs)
             if kan is not None and isinstance(module, KANLayer):
                 module.kernel_backend = kan
+            if eager_graphs is not None and isinstance(module, KAN):
+                module.eager_graphs = bool(eager_graphs)
         return self
 
     def embed(self, x: torch.Tensor) -> torch.Tensor:
