@@ -18,8 +18,8 @@ DIR`; each row names the lkat_lens it imported).
 synchronised steps each, LKAT's speed against ViT's by their fastest steps and by the medians of their block medians;
 then their eager inference steps the same way.
 "kan_paths": the "ratio" timing with three LKATs of each size, their KAN layers on "auto", "fused" and "triton".
-"graphs": the "ratio" timing with two LKATs of each size, their GLA cores' kernels launched one by one
-(eager_graphs=False) and replayed as CUDA graphs (the default; kernels/graphed.py).
+"graphs": the "ratio" timing with two LKATs of each size, the kernels of their GLA cores and KAN layers launched one by
+one (eager_graphs=False) and replayed as CUDA graphs (the default; kernels/graphed.py).
 "phases": the "ratio" timing of the training steps, each step's host time split at the return of its forward (with the
 loss), backward, optimizer step and zeroing of the gradients; the rest is the wait for the GPU.
 "inside": LKAT's eager training step with the host time of our code timed from inside (ViT's and LKAT's steps
@@ -71,7 +71,9 @@ LAUNCHES = ("direct", "jit")
 # zeroing the gradients, and the wait for the GPU to finish (the synchronised step's rest)
 PHASES = ("forward", "backward", "optimizer", "zero_grad", "wait")
 KAN_PATHS = ("auto", "fused", "triton")  # the KAN layers' paths "kan_paths" forces (set_backends(kan=...))
-GRAPHS = {False: "core launched", True: "core graphed"}  # the "graphs" comparison's eager_graphs settings
+# the "graphs" comparison's eager_graphs settings (the GLA core's and the KAN layers' kernels; the core's alone before
+# the KAN layers took them, in the results of 2026-11-29 named "core launched" and "core graphed")
+GRAPHS = {False: "launched", True: "graphed"}
 # the kernels' host functions "inside" times, by the module whose namespace the caller reads them from
 INSIDE = {
     gla_core: ("gla_qkv_fwd", "gla_gate_fwd", "SHORT_FORWARD", "gated_norm_fwd",
@@ -261,7 +263,8 @@ def compare_kan_paths(args: argparse.Namespace) -> list[dict]:
 
 
 def compare_graphs(args: argparse.Namespace) -> list[dict]:
-    """Rows of the "graphs" comparison: as "ratio", with LKAT's GLA cores launched one by one and as CUDA graphs."""
+    """Rows of the "graphs" comparison: as "ratio", with LKAT's GLA cores and KAN layers launched one by one and as
+    CUDA graphs."""
 
     def lkats(size: str) -> list[Config]:
         config = lkat(size, "auto")
@@ -293,16 +296,18 @@ def _label(config: Config) -> str:
 def interleaved(steps: dict[str, Callable[[], None]], args: argparse.Namespace) -> dict:
     """ViT's step (the first) and LKAT's steps, --rounds blocks of --iters synchronised steps each, alternating after
     --warmup steps of each: their times, block medians, fastest steps and each LKAT's speed against ViT's by both; the
-    memory each step's warm-up left allocated (optimizer states, CUDA-graph captures) and each step's peak above the
-    memory allocated before it, in MiB."""
-    held, peak = {}, {}
+    memory each step's warm-up left allocated (optimizer states, CUDA-graph captures' tensors) and reserved beyond
+    what it found (the allocator's growth, captures' memory pools included; the steps before it leave their cache to
+    it), and each step's peak above the memory allocated before it, in MiB."""
+    held, reserved, peak = {}, {}, {}
     for name, step in steps.items():
         torch.cuda.synchronize()
-        before = torch.cuda.memory_allocated()
+        before, before_reserved = torch.cuda.memory_allocated(), torch.cuda.memory_reserved()
         for _ in range(args.warmup):
             step()
         torch.cuda.synchronize()
         held[name] = (torch.cuda.memory_allocated() - before) / 2**20
+        reserved[name] = (torch.cuda.memory_reserved() - before_reserved) / 2**20
         torch.cuda.reset_peak_memory_stats()
         before = torch.cuda.memory_allocated()
         step()
@@ -320,7 +325,7 @@ def interleaved(steps: dict[str, Callable[[], None]], args: argparse.Namespace) 
     typical = {name: statistics.median(b) for name, b in blocks.items()}
     return {
         "times": times, "block_medians": blocks, "fastest_ms": fastest, "block_median_ms": typical,
-        "held_MiB": held, "step_peak_MiB": peak,
+        "held_MiB": held, "reserved_MiB": reserved, "step_peak_MiB": peak,
         "lkat_lens": lkat_lens.__file__,
         "fastest_x_vit": {name: fastest[vit_label] / fastest[name] for name in lkat_labels},
         "block_median_x_vit": {name: typical[vit_label] / typical[name] for name in lkat_labels},
@@ -495,10 +500,10 @@ def main() -> None:
                     print(f"  {model}: {ratio:.3f}x by the fastest steps ({r['fastest_ms'][model]:.1f} ms), "
                           f"{r['block_median_x_vit'][model]:.3f}x by the block medians")  # fmt: skip
                 print(f"  ViT's fastest step {next(iter(r['fastest_ms'].values())):.1f} ms")
-                print(
-                    "  MiB held after the warm-up / a step's peak above what it started with: "
-                    + ", ".join(f"{m} {r['held_MiB'][m]:.0f} / {r['step_peak_MiB'][m]:.0f}" for m in r["held_MiB"])
-                )
+                memory = [f"{m} {r['held_MiB'][m]:.0f} / {r['reserved_MiB'][m]:.0f} / {r['step_peak_MiB'][m]:.0f}"
+                          for m in r["held_MiB"]]  # fmt: skip
+                print("  MiB held after the warm-up / reserved by it / a step's peak above what it started with: "
+                      + ", ".join(memory))  # fmt: skip
                 for model, phases in r.get("phase_ms", {}).items():
                     print(f"  {model}, host ms by phase (medians): "
                           + ", ".join(f"{p} {ms:.2f}" for p, ms in phases.items()))  # fmt: skip

@@ -72,7 +72,8 @@ def _shared_input(arg: Tensor) -> Tensor:
 
 class Capture:
     """fn(*args) as one CUDA graph: the inputs it reads (copies of the moving ones, the others as given) and the
-    outputs each replay writes (the first `keep` of them, or all). `generation` counts the claimed replays."""
+    outputs each replay writes (the first `keep` of them, or all). `generation` counts the claimed replays, `replays`
+    all of them."""
 
     def __init__(
         self, fn: Callable[..., Any], args: Sequence[Any], moving: frozenset[int], read_at_once: bool, keep: int | None
@@ -89,7 +90,7 @@ class Capture:
         torch.cuda.current_stream().wait_stream(side)
         with torch.cuda.graph(self.graph, pool=pool, stream=side, capture_error_mode="thread_local"):
             self.outputs = fn(*self.inputs)[:keep]
-        self.generation = 0
+        self.generation = self.replays = 0
         self._claim: weakref.ref | None = None
 
     def claim(self) -> _Claim | None:
@@ -106,6 +107,7 @@ class Capture:
         for i in self.moving:
             self.inputs[i].copy_(args[i])
         self.graph.replay()
+        self.replays += 1
         return self.outputs
 
 

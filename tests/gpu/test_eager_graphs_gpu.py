@@ -1,6 +1,7 @@
-"""The eager GLA core replayed as CUDA graphs (kernels/graphed.py, VisionGLA.eager_graphs) against the same model with
-its core's kernels launched one by one: training steps, a second forward before a backward, inference outputs kept
-across calls, and a retained graph whose saved tensors a later forward overwrote."""
+"""The eager GLA core and KAN MLP replayed as CUDA graphs (kernels/graphed.py, VisionGLA.eager_graphs,
+KAN.eager_graphs) against the same model with their kernels launched one by one: training steps, a second forward
+before a backward, inference outputs kept across calls, and a retained graph whose saved tensors a later forward
+overwrote."""
 
 from __future__ import annotations
 
@@ -20,9 +21,10 @@ BOUND = 2e-3
 
 
 def models() -> tuple[torch.nn.Module, torch.nn.Module, torch.Tensor]:
-    """Two copies of a two-block LKAT-T on the short GLA, with and without eager graphs, and a batch of 4 images."""
+    """Two copies of a two-block LKAT-T on the short GLA and the KAN layers' "triton" path (which the graphed MLP
+    takes), with and without eager graphs, and a batch of 4 images."""
     model, images = lkat_t_and_images()
-    model.set_backends(attn="auto")
+    model.set_backends(attn="auto", kan="triton")
     plain = copy.deepcopy(model).set_backends(eager_graphs=False)
     return model.set_backends(eager_graphs=True), plain, images
 
@@ -44,18 +46,18 @@ def step(model: torch.nn.Module, images: torch.Tensor, opt: torch.optim.Optimize
 
 
 def captures(model: torch.nn.Module) -> list[tuple[int, int, int, int]]:
-    """Per GLA layer: its captures of the forward with gradients, without them and of the backward, and the first
-    forward capture's claimed replays."""
+    """Per GLA layer and KAN MLP (each block's attn and mlp): its captures of the forward with gradients, without
+    them and of the backward, and the first forward capture's replays."""
     counts = []
-    for block in model.blocks:
-        graphs = block.attn._graphs
+    for layer in (m for b in model.blocks for m in (b.attn, b.mlp)):
+        graphs = layer._graphs
         forward = list(graphs.forward.captures.values())
-        generation = forward[0].generation if forward else 0
-        counts.append((len(forward), len(graphs.inference.captures), len(graphs.backward.captures), generation))
+        replays = forward[0].replays if forward else 0
+        counts.append((len(forward), len(graphs.inference.captures), len(graphs.backward.captures), replays))
     return counts
 
 
-def test_graphed_core_trains_as_the_plain_core() -> None:
+def test_graphed_core_and_mlp_train_as_the_plain_ones() -> None:
     """Five AdamW steps of both models from the same weights: the same losses and gradients at every step, and each
     layer captured its forward at the second step and its backward at the third, then replayed them."""
     graphed, plain, images = models()
@@ -64,8 +66,8 @@ def test_graphed_core_trains_as_the_plain_core() -> None:
         (loss, grads), (loss_ref, grads_ref) = (step(m, images, o) for m, o in zip((graphed, plain), opts, strict=True))
         assert rel_norm(loss, loss_ref) <= BOUND, (i, loss, loss_ref)
         assert rel_norm(grads, grads_ref) <= BOUND, (i, rel_norm(grads, grads_ref))
-    assert captures(graphed) == [(1, 0, 1, 4)] * 2, captures(graphed)
-    assert captures(plain) == [(0, 0, 0, 0)] * 2
+    assert captures(graphed) == [(1, 0, 1, 4)] * 4, captures(graphed)
+    assert captures(plain) == [(0, 0, 0, 0)] * 4
 
 
 def test_a_second_forward_before_the_backward_runs_uncaptured() -> None:
@@ -85,7 +87,7 @@ def test_a_second_forward_before_the_backward_runs_uncaptured() -> None:
         loss.backward()
         grads.append(flat_grad(m))
     assert rel_norm(*grads) <= BOUND, rel_norm(*grads)
-    assert captures(graphed) == [(1, 0, 1, 3)] * 2, captures(graphed)  # the second forward claimed nothing
+    assert captures(graphed) == [(1, 0, 1, 3)] * 4, captures(graphed)  # the second forward claimed nothing
 
 
 def test_inference_outputs_outlive_the_next_call() -> None:
@@ -97,7 +99,7 @@ def test_inference_outputs_outlive_the_next_call() -> None:
         want = [plain(b).float() for b in batches]
     for g, w in zip(got, want, strict=True):
         assert rel_norm(g, w) <= BOUND
-    assert captures(graphed) == [(0, 1, 0, 0)] * 2
+    assert captures(graphed) == [(0, 1, 0, 0)] * 4
 
 
 def test_a_retained_graph_after_a_later_forward_fails_clearly() -> None:
@@ -128,7 +130,7 @@ def test_a_copied_model_starts_without_captures() -> None:
     for _ in range(3):
         step(graphed, images, opt)
     copied = copy.deepcopy(graphed)
-    assert captures(copied) == [(0, 0, 0, 0)] * 2
+    assert captures(copied) == [(0, 0, 0, 0)] * 4
     loss, _ = step(copied, images, torch.optim.SGD(copied.parameters(), lr=0.0))
     loss_ref, _ = step(graphed, images, opt)
     assert rel_norm(loss, loss_ref) <= BOUND
@@ -142,9 +144,30 @@ def test_a_model_run_in_inference_mode_then_trains() -> None:
     with torch.inference_mode(), torch.autocast("cuda", dtype=torch.bfloat16):
         for _ in range(2):
             graphed(images)
-    assert captures(graphed) == [(0, 1, 0, 0)] * 2
+    assert captures(graphed) == [(0, 1, 0, 0)] * 4
     opts = [torch.optim.SGD(m.parameters(), lr=0.0) for m in (graphed, plain)]
     for _ in range(3):
         (_, grads), (_, grads_ref) = (step(m, images, o) for m, o in zip((graphed, plain), opts, strict=True))
         assert rel_norm(grads, grads_ref) <= BOUND
-    assert captures(graphed) == [(1, 1, 1, 2)] * 2
+    assert captures(graphed) == [(1, 1, 1, 2)] * 4
+
+
+def test_two_models_stepped_in_turn() -> None:
+    """Two graphed models in steps that run both forwards before both backwards: each model's gradients are its plain
+    copy's, and both replay their captures from the second step on."""
+    first, first_plain, images = models()
+    second, second_plain = copy.deepcopy(first), copy.deepcopy(first_plain)
+    others = images.flip(0)
+    for i in range(4):
+        grads = []
+        for pair in ((first, second), (first_plain, second_plain)):
+            for m in pair:
+                m.zero_grad(set_to_none=True)
+            with torch.autocast("cuda", dtype=torch.bfloat16):
+                losses = [m(x).float().square().mean() for m, x in zip(pair, (images, others), strict=True)]
+            for loss in losses:
+                loss.backward()
+            grads.append([flat_grad(m) for m in pair])
+        for got, want in zip(*grads, strict=True):
+            assert rel_norm(got, want) <= BOUND, (i, rel_norm(got, want))
+    assert captures(first) == captures(second) == [(1, 0, 1, 3)] * 4, (captures(first), captures(second))
