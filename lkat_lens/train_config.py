@@ -16,7 +16,9 @@ DEFAULT_MODEL = {"digits": "lkat_micro"}  # other datasets: FALLBACK_MODEL
 FALLBACK_MODEL = "lkat_tiny_patch16_224"
 # On --resume every setting comes from the checkpoint except those of this invocation (always from the command
 # line) and those of this machine (from the command line when given there).
-INVOCATION_FLAGS = ("device", "compile", "compile_mode", "activation_memory_budget", "threads", "max_steps")
+INVOCATION_FLAGS = (
+    "device", "compile", "compile_mode", "activation_memory_budget", "eager_graphs", "threads", "max_steps",
+)  # fmt: skip
 COMPILE_MODES = ("default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")  # torch.compile's
 MACHINE_FLAGS = ("workers", "data_dir", "download", "cache_images")
 
@@ -73,6 +75,7 @@ class TrainConfig:
     compile: bool = False
     compile_mode: str = "default"
     activation_memory_budget: float | None = None
+    eager_graphs: bool = False
     threads: int | None = None
     resume: str | None = None
     name: str | None = None
@@ -162,7 +165,8 @@ def resolve_config(
 
 
 def check_compile_flags(cfg: dict[str, Any]) -> None:
-    """Reject --compile-mode and --activation-memory-budget without --compile, and a budget outside (0, 1]."""
+    """Reject --compile-mode and --activation-memory-budget without --compile, a budget outside (0, 1], and
+    --eager-graphs with --compile (torch.compile launches the kernels itself)."""
     if cfg.get("compile_mode", "default") != "default" and not cfg["compile"]:
         raise UsageError(f"--compile-mode {cfg['compile_mode']} needs --compile")
     budget = cfg.get("activation_memory_budget")
@@ -170,3 +174,7 @@ def check_compile_flags(cfg: dict[str, Any]) -> None:
         raise UsageError(f"--activation-memory-budget {budget} needs --compile")
     if budget is not None and not 0.0 < budget <= 1.0:
         raise UsageError(f"--activation-memory-budget must lie in (0, 1]: {budget}")
+    if cfg.get("eager_graphs") and cfg["compile"]:
+        raise UsageError(
+            "--eager-graphs replays the eager steps' kernels as CUDA graphs; it does not go with --compile"
+        )

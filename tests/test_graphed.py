@@ -45,8 +45,9 @@ def test_a_keys_first_call_runs_the_function_as_it_is() -> None:
 
 def test_models_copied_or_pickled_start_without_captures() -> None:
     """A model's captures (plain attributes of its GLA layers and KAN MLPs) are not copied or pickled with it;
-    set_backends turns them off and on."""
+    eager graphs are off until set_backends turns them on."""
     model = lkat_lens.create_model("lkat_micro", num_classes=3)
+    assert not any(b.attn.eager_graphs or b.mlp.eager_graphs for b in model.blocks)  # opt-in
     graphs = model.blocks[0].attn._graphs
     graphs.forward.seen.add(("a key",))
     for copied in (copy.deepcopy(model), pickle.loads(pickle.dumps(model))):

@@ -61,6 +61,7 @@ def test_resume_keeps_saved_settings_but_takes_this_invocations_and_given_machin
         (["--activation-memory-budget", "0.5"], "--activation-memory-budget 0.5 needs --compile"),
         (["--compile", "--activation-memory-budget", "0"], "--activation-memory-budget must lie in (0, 1]: 0.0"),
         (["--compile", "--activation-memory-budget", "1.5"], "--activation-memory-budget must lie in (0, 1]: 1.5"),
+        (["--compile", "--eager-graphs"], "--eager-graphs replays the eager steps' kernels as CUDA graphs"),
     ],
 )
 def test_out_of_range_values_are_user_errors(argv, message):
@@ -106,6 +107,20 @@ def test_a_compile_mode_with_cuda_graphs_sets_lkat_for_them(argv, graphs, flat):
     lktrain.wrap_model(model, resolve_config(parse(*argv)), DistInfo(0, 1, 0, torch.device("cpu")))
     layers = [m for m in model.modules() if isinstance(m, VisionGLA)]
     assert layers and all(layer.cuda_graphs is graphs for layer in layers)
+
+
+@pytest.mark.parametrize("argv", [[], ["--eager-graphs"]])
+def test_eager_graphs_set_lkats_gla_cores_and_kan_mlps(argv):
+    """--eager-graphs sets every GLA layer and KAN MLP to replay its kernels as CUDA graphs (on CUDA; eager_graphs),
+    and a run without it leaves them launching their kernels, the models' default."""
+    import lkat_lens
+    from lkat_lens.models.attention import VisionGLA
+    from lkat_lens.models.kan import KAN
+
+    model = lkat_lens.create_model("lkat_micro", num_classes=10)
+    lktrain.wrap_model(model, resolve_config(parse(*argv)), DistInfo(0, 1, 0, torch.device("cpu")))
+    layers = [m for m in model.modules() if isinstance(m, VisionGLA | KAN)]
+    assert len(layers) == 2 * len(model.blocks) and all(layer.eager_graphs is bool(argv) for layer in layers)
 
 
 @pytest.mark.parametrize(("argv", "graphs", "flat"), COMPILE_CASES)

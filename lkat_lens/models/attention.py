@@ -112,7 +112,7 @@ class VisionGLA(nn.Module):
     hook point between the pieces (hook_q, hook_k, hook_v, hook_gk, hook_pattern) is hooked (`fuses_core`).
     `cuda_graphs` (False by default; LKAT.set_backends) says the model will run compiled as CUDA graphs: the core then
     keeps the short GLA as custom ops that our autotuner launches, with their register caps, instead of traced kernels
-    (`kernels.gla_core` says why); it changes nothing eagerly. `eager_graphs` (True by default; LKAT.set_backends):
+    (`kernels.gla_core` says why); it changes nothing eagerly. `eager_graphs` (False by default; LKAT.set_backends):
     on CUDA outside torch.compile the core's forward and backward replay as CUDA graphs from an input shape's second
     call on (`kernels.graphed`: one host call a layer each way instead of some fifty host ops; the layer's graphs hold
     their activations between calls).
@@ -146,7 +146,7 @@ class VisionGLA(nn.Module):
         self.scale = self.head_dim**-0.5  # the query scale; a plain attribute, not a property (see hooks.is_hooked)
         self.gate_logit_normalizer, self.mode = gate_logit_normalizer, mode
         self.input_mode, self.output_mode, self.gate_mode, self.core_mode = "auto", "auto", "auto", "auto"
-        self.cuda_graphs, self.eager_graphs = False, True
+        self.cuda_graphs, self.eager_graphs = False, False
         self._graphs = core_graphs()  # the core's CUDA-graph captures (eager_graphs)
         self.q_proj = nn.Linear(dim, key_dim, bias=False)
         self.k_proj = nn.Linear(dim, key_dim, bias=False)

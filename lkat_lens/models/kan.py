@@ -225,7 +225,7 @@ class KANLayer(nn.Module):
 class KAN(nn.Module):
     """The two-layer RBF-KAN that replaces a transformer block's MLP.
 
-    `eager_graphs` (True by default; LKAT.set_backends): on CUDA outside torch.compile, both layers run as one
+    `eager_graphs` (False by default; LKAT.set_backends): on CUDA outside torch.compile, both layers run as one
     computation replayed as CUDA graphs from an input shape's second call on (`kernels.kan_linear.kan_pair`: the
     layers' "triton" path, the hidden activation kept inside the graph), when nothing needs them apart (`pairs`)."""
 
@@ -234,7 +234,7 @@ class KAN(nn.Module):
         self.fc1 = KANLayer(dim, hidden_dim, **layer_kwargs)
         self.fc2 = KANLayer(hidden_dim, dim, **layer_kwargs)
         self.drop = nn.Dropout(drop)
-        self.eager_graphs = True
+        self.eager_graphs = False
         self._graphs = kan_pair_graphs()  # kan_pair's CUDA-graph captures (eager_graphs)
 
     def pairs(self, x: torch.Tensor) -> bool:

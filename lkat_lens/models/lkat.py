@@ -184,8 +184,9 @@ class LKAT(FlatViT):
         path, its forget gate and its core (all of them as one op) run (models.attention.INPUT_MODES:
         auto/fused/torch; VisionGLA); cuda_graphs=True before torch.compile(mode="reduce-overhead") keeps the GLA
         core's short kernels as custom ops (VisionGLA.cuda_graphs; faster on the device, slower on the host);
-        eager_graphs=False launches the eager GLA core's and KAN MLPs' kernels one by one, not as CUDA graphs
-        (VisionGLA.eager_graphs, KAN.eager_graphs)."""
+        eager_graphs=True replays the eager GLA cores' and KAN MLPs' kernels on CUDA as CUDA graphs
+        (VisionGLA.eager_graphs, KAN.eager_graphs: faster on the host, for memory, each layer's graphs holding its
+        activations between steps)."""
         paths = {"gla_input": gla_input, "gla_output": gla_output, "gla_gate": gla_gate, "gla_core": gla_core}
         paths = {name: mode for name, mode in paths.items() if mode is not None}
         for name, mode in paths.items():
