@@ -69,10 +69,13 @@ def _eager_function(
     def eager_backward(ctx: Any, *grads: Any) -> Any:
         return backward(ctx, *grads, kernel=backward_kernel)
 
+    return _function_class(f"Eager_{name}", eager_forward, eager_backward)
+
+
+def _function_class(name: str, forward: Callable[..., Any], backward: Callable[..., Any]) -> type:
+    """A torch.autograd.Function subclass with these forward and backward, named `name`."""
     return type(
-        f"Eager_{name}",
-        (torch.autograd.Function,),
-        {"forward": staticmethod(eager_forward), "backward": staticmethod(eager_backward)},
+        name, (torch.autograd.Function,), {"forward": staticmethod(forward), "backward": staticmethod(backward)}
     )
 
 
@@ -175,11 +178,7 @@ def graphed(
         ctx.claim = None  # read: the next forward may replay
         return None, *result
 
-    function = type(
-        f"Graphed_{name}",
-        (torch.autograd.Function,),
-        {"forward": staticmethod(graphed_forward), "backward": staticmethod(graphed_backward)},
-    )
+    function = _function_class(f"Graphed_{name}", graphed_forward, graphed_backward)
 
     def call(graphs: EagerGraphs, *inputs: Any) -> Any:
         if torch.is_grad_enabled():
