@@ -1,5 +1,6 @@
-"""kernels/graphed.py without a GPU: what keys a capture, a key's first call run as it is, and captures that a copied
-or pickled model does not carry (tests/gpu/test_eager_graphs_gpu.py replays them on CUDA)."""
+"""kernels/graphed.py without a GPU: what keys a capture, a key's first call run as it is, captures that a copied or
+pickled model does not carry, and the input copies read-at-once captures share (tests/gpu/test_eager_graphs_gpu.py
+replays them on CUDA)."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ import pickle
 import torch
 
 import lkat_lens
+from lkat_lens.kernels import graphed
 from lkat_lens.kernels.gla_core import gla_core_fwd
 from lkat_lens.kernels.graphed import GraphedCalls, call_key
 from lkat_lens.kernels.kan_linear import kan_pair_fwd
@@ -59,3 +61,20 @@ def test_models_copied_or_pickled_start_without_captures() -> None:
     off = model.set_backends(eager_graphs=False).blocks
     assert not any(b.attn.eager_graphs or b.mlp.eager_graphs for b in off)
     assert all(b.attn.eager_graphs and b.mlp.eager_graphs for b in model.set_backends(eager_graphs=True).blocks)
+
+
+def test_read_at_once_captures_share_one_input_copy_per_layout_while_held() -> None:
+    """The copy a read-at-once capture's moving input goes into is one per layout (and inference mode), holds the
+    input's values, and is freed when nothing holds it any more (weakly kept)."""
+    x, y = torch.randn(4, 3), torch.randn(4, 3)
+    first = graphed._shared_input(x)
+    assert torch.equal(first, x) and first.data_ptr() != x.data_ptr()
+    second = graphed._shared_input(y)
+    assert second is first and torch.equal(first, y)  # the same buffer, now y's values
+    assert graphed._shared_input(torch.randn(3, 4)) is not first  # another layout
+    with torch.inference_mode():
+        inside = graphed._shared_input(x)
+    assert inside is not first and inside.is_inference() and not first.is_inference()
+    layout = (x.shape, x.stride(), x.dtype, x.device, False)
+    del first, second
+    assert layout not in graphed._SHARED_INPUTS

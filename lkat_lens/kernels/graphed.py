@@ -50,7 +50,8 @@ class _Claim:
 
 
 _SHARED_POOLS: dict[torch.device, Any] = {}  # read-at-once captures' graph memory pool, per device
-_SHARED_INPUTS: dict[tuple, Tensor] = {}  # read-at-once captures' copies of their moving inputs, per layout
+# read-at-once captures' copies of their moving inputs, per layout, each alive while a capture holds it
+_SHARED_INPUTS: weakref.WeakValueDictionary[tuple, Tensor] = weakref.WeakValueDictionary()
 
 
 def _shared_pool(device: torch.device) -> Any:
@@ -63,11 +64,14 @@ def _shared_pool(device: torch.device) -> Any:
 
 def _shared_input(arg: Tensor) -> Tensor:
     """The read-at-once captures' copy of a moving input of arg's layout, holding arg's values (one under inference
-    mode, one outside: an inference tensor takes no in-place copy outside it)."""
+    mode, one outside: an inference tensor takes no in-place copy outside it); freed with the last capture holding
+    it (a module's evicted captures, a deleted model)."""
     layout = (arg.shape, arg.stride(), arg.dtype, arg.device, torch.is_inference_mode_enabled())
-    if layout not in _SHARED_INPUTS:
-        _SHARED_INPUTS[layout] = torch.empty_strided(arg.shape, arg.stride(), dtype=arg.dtype, device=arg.device)
-    return _SHARED_INPUTS[layout].copy_(arg)
+    shared = _SHARED_INPUTS.get(layout)
+    if shared is None:
+        shared = torch.empty_strided(arg.shape, arg.stride(), dtype=arg.dtype, device=arg.device)
+        _SHARED_INPUTS[layout] = shared
+    return shared.copy_(arg)
 
 
 class Capture:
