@@ -18,8 +18,8 @@ autograd node, nothing saved. The paths compute the same values; the tests hold 
 `traced` skips the custom op: torch.compile traces the same autograd.Function, its host code and its Triton launches
 (user-defined kernels that inductor launches itself); the GLA core takes it (kernels/gla_core.py says why). Inside
 such a traced function a `Kernel` called is its op while torch.compile traces, so that our autotuner still launches
-that op's kernels (the GLA core's short GLA), and its function otherwise. `graphed` is a traced computation's eager
-caller with its forward and backward replayed as CUDA graphs (kernels/graphed.py).
+that op's kernels (the GLA core's short GLA), and its function otherwise. Given a module's `eager_graphs`, a traced
+caller replays its eager forward and backward as CUDA graphs (kernels/graphed.py).
 """
 
 from __future__ import annotations
@@ -100,25 +100,6 @@ def differentiable(
     return call
 
 
-def traced(
-    name: str,
-    forward: Callable[..., Any],
-    backward_kernel: Callable[..., Any],
-    backward: Callable[..., tuple],
-    setup_context: Callable[[Any, tuple, Any], None],
-) -> Callable[..., Any]:
-    """The differentiable caller of plain functions that torch.compile traces through: no custom op; the same
-    autograd.Function in every mode, which dynamo traces with the host code and records each Triton launch as a
-    user-defined kernel (tuned.TunedKernel), so inductor launches the kernels from its generated code. With gradients
-    off, `forward` alone."""
-    function = _eager_function(name, forward, backward_kernel, backward, setup_context)
-
-    def call(*inputs: Any) -> Any:
-        return function.apply(*inputs) if torch.is_grad_enabled() else forward(*inputs)
-
-    return call
-
-
 class EagerGraphs(NamedTuple):
     """One module's CUDA-graph captures of a traced computation: its forward with gradients on (whose saved outputs
     wait for the backward) and off (its first output alone, read at once), and its backward's kernel function."""
@@ -138,19 +119,18 @@ def eager_graphs(forward: Callable[..., Any], backward_kernel: Callable[..., Any
     )
 
 
-def graphed(
+def _graphed_function(
     name: str,
     forward: Callable[..., Any],
     backward_kernel: Callable[..., Any],
     backward: Callable[..., tuple],
     setup_context: Callable[[Any, tuple, Any], None],
-) -> Callable[..., Any]:
-    """The eager caller call(graphs, *inputs) of a traced computation (as `traced`'s, outside torch.compile) whose
-    forward and backward kernel run as the CUDA graphs of `graphs` (an EagerGraphs) once captured. The forward's first
+) -> type:
+    """The torch.autograd.Function, named Graphed_<name>, whose apply(graphs, *inputs) runs a traced computation's
+    forward and backward kernel as the CUDA graphs of `graphs` (an EagerGraphs) once captured. The forward's first
     output is cloned and the rest, what the backward reads, are the capture's own, saved with the capture's copy of
     the moving input; the capture stays claimed until the backward has read them, and a forward that finds it claimed
-    (a second forward before the first one's backward) runs uncaptured. The backward kernel's outputs are cloned.
-    With gradients off the forward's inference capture replays and its first output, the only one, is cloned."""
+    (a second forward before the first one's backward) runs uncaptured. The backward kernel's outputs are cloned."""
 
     def graphed_forward(ctx: Any, graphs: EagerGraphs, *inputs: Any) -> Any:
         capture = graphs.forward.capture_for(inputs)
@@ -178,11 +158,28 @@ def graphed(
         ctx.claim = None  # read: the next forward may replay
         return None, *result
 
-    function = _function_class(f"Graphed_{name}", graphed_forward, graphed_backward)
+    return _function_class(f"Graphed_{name}", graphed_forward, graphed_backward)
 
-    def call(graphs: EagerGraphs, *inputs: Any) -> Any:
-        if torch.is_grad_enabled():
-            return function.apply(graphs, *inputs)
-        return graphs.inference(*inputs)
+
+def traced(
+    name: str,
+    forward: Callable[..., Any],
+    backward_kernel: Callable[..., Any],
+    backward: Callable[..., tuple],
+    setup_context: Callable[[Any, tuple, Any], None],
+) -> Callable[..., Any]:
+    """The differentiable caller call(*inputs, graphs=None) of plain functions that torch.compile traces through: no
+    custom op; the same autograd.Function in every mode, which dynamo traces with the host code and records each
+    Triton launch as a user-defined kernel (tuned.TunedKernel), so inductor launches the kernels from its generated
+    code. With gradients off, `forward` alone. Given `graphs` (an EagerGraphs, one per module) and a moving input on
+    CUDA outside torch.compile, the forward and backward replay as its CUDA graphs once captured (_graphed_function;
+    with gradients off the inference capture, its one output cloned)."""
+    function = _eager_function(name, forward, backward_kernel, backward, setup_context)
+    graphed_function = _graphed_function(name, forward, backward_kernel, backward, setup_context)
+
+    def call(*inputs: Any, graphs: EagerGraphs | None = None) -> Any:
+        if graphs is not None and not torch.compiler.is_compiling() and inputs[min(graphs.forward.moving)].is_cuda:
+            return graphed_function.apply(graphs, *inputs) if torch.is_grad_enabled() else graphs.inference(*inputs)
+        return function.apply(*inputs) if torch.is_grad_enabled() else forward(*inputs)
 
     return call

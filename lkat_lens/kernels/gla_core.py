@@ -44,7 +44,7 @@ from __future__ import annotations
 
 import torch
 
-from .autograd_ops import EagerGraphs, eager_graphs, graphed, traced
+from .autograd_ops import EagerGraphs, eager_graphs, traced
 from .gated_norm import affine_grads as norm_affine_grads
 from .gated_norm import gated_norm_bwd, gated_norm_fwd
 from .gla_gate import affine_grads as gate_affine_grads
@@ -133,7 +133,6 @@ def _backward(ctx, dz: torch.Tensor, *_saved_grads, kernel) -> tuple:
 
 
 _gla_core = traced("gla_core", gla_core_fwd, gla_core_bwd, _backward, _setup_context)
-_graphed_core = graphed("gla_core", gla_core_fwd, gla_core_bwd, _backward, _setup_context)
 
 
 def core_graphs() -> EagerGraphs:
@@ -176,7 +175,4 @@ def gla_core(
         )
     y_eps = [float(e) for e in eps]
     args = (heads, float(scale), int(segment), y_eps, float(normalizer), bool(short_ops))
-    tensors = (y, *convs, *norms, *rotary, *gate, *out_norm)
-    if graphs is not None and y.is_cuda and not torch.compiler.is_compiling():
-        return _graphed_core(graphs, *tensors, *args)[0]
-    return _gla_core(*tensors, *args)[0]
+    return _gla_core(y, *convs, *norms, *rotary, *gate, *out_norm, *args, graphs=graphs)[0]

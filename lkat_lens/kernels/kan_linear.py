@@ -24,7 +24,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from .autograd_ops import EagerGraphs, Kernel, differentiable, eager_graphs, graphed, traced
+from .autograd_ops import EagerGraphs, Kernel, differentiable, eager_graphs, traced
 from .dtypes import autocast_dtype, compute_dtype
 from .kan_dispatch import choose_path
 from .rbf import (
@@ -378,7 +378,7 @@ def _recomputed_setup(ctx, inputs: tuple, output: tuple) -> None:
 
 
 def _recomputed_backward(ctx, dy: torch.Tensor, kernel) -> tuple:
-    return *kernel(*ctx.saved_tensors, dy, *ctx.args), None, None, None, None, None
+    return *kernel(*ctx.saved_tensors, dy, *ctx.args), *[None] * len(ctx.args)
 
 
 # the shared/channel layer on the "triton" and "torch" paths in eager mode (never traced: torch.compile takes "traced")
@@ -425,7 +425,6 @@ def _pair_backward(ctx, dy: torch.Tensor, _dh: None, kernel) -> tuple:
 
 
 _kan_pair = traced("kan_pair", kan_pair_fwd, kan_pair_bwd, _pair_backward, _pair_setup)
-_graphed_kan_pair = graphed("kan_pair", kan_pair_fwd, kan_pair_bwd, _pair_backward, _pair_setup)
 
 
 def kan_pair_graphs() -> EagerGraphs:
@@ -453,9 +452,7 @@ def kan_pair(
     grids = (tuple(float(g) for g in grid_1), tuple(float(g) for g in grid_2))
     tensors = (x, grid_weight_1, weight_1, grid_weight_2, weight_2)
     args = (*grids, use_triton, dtype, weight_1.requires_grad or weight_2.requires_grad)
-    if graphs is not None and x.is_cuda and not torch.compiler.is_compiling():
-        return _graphed_kan_pair(graphs, *tensors, *args)[0]
-    return _kan_pair(*tensors, *args)[0]
+    return _kan_pair(*tensors, *args, graphs=graphs)[0]
 
 
 def _autocast_weight(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
@@ -472,12 +469,7 @@ def _fused_capable(*tensors: torch.Tensor) -> bool:
 
 
 def _run_kan(
-    path: str,
-    x: torch.Tensor,
-    grid_weight: torch.Tensor,
-    weight: torch.Tensor,
-    grid_min: float,
-    grid_max: float,
+    path: str, x: torch.Tensor, grid_weight: torch.Tensor, weight: torch.Tensor, grid_min: float, grid_max: float
 ) -> torch.Tensor:
     """Shared/channel layer on one path."""
     if path == "fused":

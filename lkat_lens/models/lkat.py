@@ -199,11 +199,9 @@ class LKAT(FlatViT):
                     setattr(module, PATH_MODES[name], mode)
                 if cuda_graphs is not None:
                     module.cuda_graphs = bool(cuda_graphs)
-                if eager_graphs is not None:
-                    module.eager_graphs = bool(eager_graphs)
             if kan is not None and isinstance(module, KANLayer):
                 module.kernel_backend = kan
-            if eager_graphs is not None and isinstance(module, KAN):
+            if eager_graphs is not None and isinstance(module, VisionGLA | KAN):
                 module.eager_graphs = bool(eager_graphs)
         return self
 
